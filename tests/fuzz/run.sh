@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + libFuzzer) in build-fuzz/ and
+# runs each for FUZZ_SECONDS (default 30) from a seed corpus. Prints each
+# target's exec count; exits non-zero on a crash. Skips (exit 0) when clang
+# is absent, unless CI=true.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BUILD=${SPECSTREAM_FUZZ_BUILD:-$ROOT/build-fuzz}
+SECONDS_PER_TARGET=${FUZZ_SECONDS:-30}
+
+if ! command -v clang++ >/dev/null; then
+  if [[ "${CI:-}" == "true" ]]; then echo "fuzz: clang++ missing" >&2; exit 1; fi
+  echo "fuzz: clang++ not found, skipping"; exit 0
+fi
+
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_COMPILER=clang++ -DSPECSTREAM_BUILD_FUZZERS=ON -DSPECSTREAM_FUZZ_ONLY=ON \
+  -DSPECSTREAM_BUILD_TESTS=OFF >/dev/null
+cmake --build "$BUILD" --target safetensors_fuzz tokenizer_fuzz
+
+run() {
+  local name=$1; shift
+  local corpus="$BUILD/corpus/$name"
+  mkdir -p "$corpus"
+  cp -n "$ROOT"/tests/fuzz/seeds/"$name"/* "$corpus"/ 2>/dev/null || true
+  local log="$BUILD/$name.log"
+  if ! "$BUILD/tests/fuzz/$name" -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 \
+        -rss_limit_mb=4096 "$@" "$corpus" >"$log" 2>&1; then
+    tail -50 "$log" >&2
+    echo "fuzz: $name FAILED" >&2
+    return 1
+  fi
+  local execs
+  execs=$(grep -m1 'stat::number_of_executed_units' "$log" | awk '{print $2}')
+  echo "fuzz: $name ran ${SECONDS_PER_TARGET}s, ${execs} execs, no crash"
+}
+
+run safetensors_fuzz
+run tokenizer_fuzz

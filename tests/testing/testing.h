@@ -1,0 +1,43 @@
+// Helpers for tests only: temporary directories and fixture locations.
+#ifndef SPECSTREAM_TESTS_TESTING_TESTING_H_
+#define SPECSTREAM_TESTS_TESTING_TESTING_H_
+
+#include <string>
+
+namespace specstream::testing {
+
+// A fresh directory under $TEST_TMPDIR (or /tmp) removed on destruction.
+class TempDir final {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Writes `contents` to `path`, replacing it; aborts the test on failure.
+void WriteFile(const std::string& path, const std::string& contents);
+// Reads the whole file; aborts the test on failure.
+std::string ReadFile(const std::string& path);
+bool FileExists(const std::string& path);
+
+// The repository root and the build directory.
+std::string SourceDir();
+std::string BinaryDir();
+
+// Directory of fixtures fetched by tests/testing/fetch_fixtures.sh
+// ($SPECSTREAM_FIXTURES, default <build>/fixtures).
+std::string FixturesDir();
+
+// True under CI=true: a missing fixture fails instead of skipping.
+bool RunningInCi();
+
+}  // namespace specstream::testing
+
+#endif  // SPECSTREAM_TESTS_TESTING_TESTING_H_
