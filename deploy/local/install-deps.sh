@@ -8,7 +8,7 @@ set -euo pipefail
 
 BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-pthread libgloo-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,0 +1,53 @@
+// c10d process groups for CPU (Gloo) ranks: rendezvous through a TCPStore,
+// torchrun-style (rank, world size, master address and port).
+//
+// Gloo in this LibTorch has no reduce_scatter and no bf16 all-reduce; the
+// helpers here provide the fallbacks (all_reduce + slice, fp32 round trip).
+#ifndef SPECSTREAM_COMMON_TORCH_PROCESS_GROUP_H_
+#define SPECSTREAM_COMMON_TORCH_PROCESS_GROUP_H_
+
+#include <chrono>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+
+namespace specstream {
+
+struct RendezvousOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // rank 0 with port 0: bind any free port (see Store)
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// Rank 0 hosts the TCPStore server, others connect. The store outlives the
+// group; keep both.
+struct ProcessGroupHandle {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  int port = 0;  // the store's actual port (useful when master_port was 0)
+};
+
+// Creates the TCPStore (server on rank 0) only.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> CreateTcpStore(const RendezvousOptions& options,
+                                                               int* bound_port = nullptr);
+
+// Creates a Gloo process group over loopback/`master_addr`. `store` may be
+// given (e.g. a prefix of a shared one); otherwise a TCPStore is created.
+absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(
+    const RendezvousOptions& options, c10::intrusive_ptr<c10d::Store> store = {});
+
+// In-place SUM all-reduce of a CPU tensor; bf16/fp16 go through fp32.
+absl::Status AllReduceSum(c10d::ProcessGroup& group, torch::Tensor& tensor);
+
+// Broadcast from `root` in place (contiguous CPU tensor).
+absl::Status Broadcast(c10d::ProcessGroup& group, torch::Tensor& tensor, int root);
+
+}  // namespace specstream
+
+#endif  // SPECSTREAM_COMMON_TORCH_PROCESS_GROUP_H_

@@ -1,0 +1,80 @@
+#include "common/torch/tensor_util.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace specstream {
+
+torch::Dtype ToTorchDtype(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return torch::kFloat32;
+    case DType::kF16: return torch::kFloat16;
+    case DType::kBF16: return torch::kBFloat16;
+    case DType::kI64: return torch::kInt64;
+    case DType::kI32: return torch::kInt32;
+    case DType::kU8: return torch::kUInt8;
+    case DType::kBool: return torch::kBool;
+  }
+  return torch::kFloat32;
+}
+
+absl::StatusOr<DType> FromTorchDtype(torch::Dtype dtype) {
+  switch (dtype) {
+    case torch::kFloat32: return DType::kF32;
+    case torch::kFloat16: return DType::kF16;
+    case torch::kBFloat16: return DType::kBF16;
+    case torch::kInt64: return DType::kI64;
+    case torch::kInt32: return DType::kI32;
+    case torch::kUInt8: return DType::kU8;
+    case torch::kBool: return DType::kBool;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor dtype ", c10::toString(dtype), " has no safetensors name"));
+  }
+}
+
+torch::Tensor BorrowView(const TensorView& view) {
+  // from_blob needs a non-const pointer; nothing writes through it.
+  return torch::from_blob(const_cast<uint8_t*>(view.data), view.shape,
+                          torch::TensorOptions().dtype(ToTorchDtype(view.dtype)));
+}
+
+absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view,
+                                             std::optional<torch::Dtype> dtype) {
+  torch::Tensor out;
+  absl::Status status = CatchTorch(absl::StrCat("tensor ", view.name), [&] {
+    torch::Tensor borrowed = BorrowView(view);
+    out = dtype.has_value() ? borrowed.to(*dtype, /*non_blocking=*/false, /*copy=*/true)
+                            : borrowed.clone();
+  });
+  if (!status.ok()) return status;
+  return out;
+}
+
+absl::Status AddTensor(SafetensorsWriter& writer, const std::string& name,
+                       const torch::Tensor& tensor) {
+  auto dtype = FromTorchDtype(tensor.scalar_type());
+  if (!dtype.ok()) return dtype.status();
+  torch::Tensor cpu = tensor.to(torch::kCPU).contiguous();
+  return writer.Add(name, *dtype, ShapeOf(cpu), cpu.data_ptr(), cpu.nbytes());
+}
+
+absl::Status CatchTorch(const std::string& context, const std::function<void()>& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const c10::ValueError& e) {
+    return absl::InvalidArgumentError(absl::StrCat(context, ": ", e.what_without_backtrace()));
+  } catch (const c10::IndexError& e) {
+    return absl::InvalidArgumentError(absl::StrCat(context, ": ", e.what_without_backtrace()));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(context, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(context, ": ", e.what()));
+  }
+}
+
+std::vector<int64_t> ShapeOf(const torch::Tensor& t) {
+  return std::vector<int64_t>(t.sizes().begin(), t.sizes().end());
+}
+
+}  // namespace specstream

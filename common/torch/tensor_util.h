@@ -1,0 +1,44 @@
+// Conversions between SpecStream's torch-free tensor types (DType,
+// safetensors TensorView) and LibTorch tensors, and the shim that turns
+// LibTorch's c10::Error into absl::Status.
+#ifndef SPECSTREAM_COMMON_TORCH_TENSOR_UTIL_H_
+#define SPECSTREAM_COMMON_TORCH_TENSOR_UTIL_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/safetensors.h"
+
+namespace specstream {
+
+torch::Dtype ToTorchDtype(DType dtype);
+absl::StatusOr<DType> FromTorchDtype(torch::Dtype dtype);
+
+// Copies a view into a new tensor of `dtype` (the view's own when nullopt).
+absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view,
+                                             std::optional<torch::Dtype> dtype = std::nullopt);
+
+// A non-owning torch view of a TensorView; valid while the view's file lives.
+// Read-only by contract (the mapping is PROT_READ).
+torch::Tensor BorrowView(const TensorView& view);
+
+// Adds a CPU tensor (made contiguous) to a safetensors writer.
+absl::Status AddTensor(SafetensorsWriter& writer, const std::string& name,
+                       const torch::Tensor& tensor);
+
+// Runs `fn`, converting a thrown c10::Error / std::exception into Internal
+// (InvalidArgument for c10::ValueError / IndexError) with `context`.
+absl::Status CatchTorch(const std::string& context, const std::function<void()>& fn);
+
+// The number of elements of `t` as a shape vector.
+std::vector<int64_t> ShapeOf(const torch::Tensor& t);
+
+}  // namespace specstream
+
+#endif  // SPECSTREAM_COMMON_TORCH_TENSOR_UTIL_H_

@@ -1,0 +1,185 @@
+#include "teacher/dump.h"
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/chat_template.h"
+#include "common/jsonl.h"
+#include "common/logging.h"
+#include "common/progress.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+#include "common/torch/tensor_util.h"
+
+namespace specstream::teacher {
+namespace {
+
+struct PendingSample {
+  int64_t id;
+  TokenizedSample sample;
+};
+
+int64_t CountRecords(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+TensorView View(const std::string& name, const torch::Tensor& t) {
+  TensorView view;
+  view.name = name;
+  view.dtype = *FromTorchDtype(t.scalar_type());
+  view.shape = ShapeOf(t);
+  view.data = static_cast<const uint8_t*>(t.data_ptr());
+  view.nbytes = t.nbytes();
+  return view;
+}
+
+}  // namespace
+
+nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids,
+                            DType store_dtype) {
+  std::vector<StoreTensorSpec> specs = {
+      {"input_ids", DType::kI32, {}},
+      {"loss_mask", DType::kU8, {}},
+      {"aux_hidden", store_dtype,
+       {static_cast<int64_t>(model.capture_layer_ids.size()) * model.hidden_size}},
+      {"last_hidden", store_dtype, {model.hidden_size}},
+  };
+  if (keep_target_ids) specs.push_back({"target_ids", DType::kI32, {}});
+  return nlohmann::json{
+      {"model",
+       {{"model_type", model.model_type},
+        {"hidden_size", model.hidden_size},
+        {"vocab_size", model.vocab_size},
+        {"num_layers", model.num_layers},
+        {"capture_layer_ids", model.capture_layer_ids}}},
+      {"tensors", StoreTensorsContract(specs)}};
+}
+
+absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& options) {
+  if (options.out.empty()) return absl::InvalidArgumentError("--out is required");
+  if (options.batch_tokens < 1) return absl::InvalidArgumentError("--batch-tokens must be >= 1");
+  DType store_dtype;
+  if (options.store_dtype == "bfloat16") {
+    store_dtype = DType::kBF16;
+  } else if (options.store_dtype == "float32") {
+    store_dtype = DType::kF32;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--store-dtype \"", options.store_dtype, "\" (expected bfloat16 or float32)"));
+  }
+  const ModelDescription& model = runtime.Describe();
+
+  std::unique_ptr<Tokenizer> tokenizer;
+  const ChatTemplate* chat_template = nullptr;
+  if (!options.tokenizer_dir.empty()) {
+    ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromDirectory(options.tokenizer_dir));
+    if (tokenizer->vocab_size() > model.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokenizer has ", tokenizer->vocab_size(), " ids but the model's vocab is ",
+                       model.vocab_size));
+    }
+  }
+  if (!options.template_name.empty()) {
+    auto found = FindChatTemplate(options.template_name);
+    if (!found.ok()) return absl::InvalidArgumentError(absl::StrCat("--template: ", found.status().message()));
+    chat_template = *found;
+  }
+  RecordOptions record_options;
+  record_options.tokenizer = tokenizer.get();
+  record_options.chat_template = chat_template;
+  record_options.vocab_size = model.vocab_size;
+  record_options.max_length =
+      options.max_length > 0 ? options.max_length : model.max_position_embeddings;
+
+  ASSIGN_OR_RETURN(auto writer,
+                   StoreWriter::Open(options.out,
+                                     DumpContract(model, options.keep_target_ids, store_dtype),
+                                     options.store));
+  DumpSummary summary;
+  const auto start = std::chrono::steady_clock::now();
+  ProgressOptions progress_options;
+  progress_options.label = "dump";
+  progress_options.total = CountRecords(options.data);
+  progress_options.unit = "samples";
+  progress_options.terminal = options.progress_terminal;
+  ProgressReporter progress(progress_options);
+  int64_t records_seen = 0;
+  int64_t tokens_seen = 0;
+
+  std::vector<PendingSample> batch;
+  int64_t batch_max_len = 0;
+  auto flush = [&]() -> absl::Status {
+    if (batch.empty()) return absl::OkStatus();
+    ForwardRequest request;
+    request.want_target_ids = options.keep_target_ids;
+    for (const PendingSample& p : batch) request.sequences.push_back(p.sample.input_ids);
+    ASSIGN_OR_RETURN(std::vector<SequenceCapture> captures, runtime.Forward(request));
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const TokenizedSample& s = batch[i].sample;
+      const int64_t t = static_cast<int64_t>(s.input_ids.size());
+      torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(s.input_ids.data()), {t},
+                                           torch::kInt32);
+      torch::Tensor mask = torch::from_blob(const_cast<uint8_t*>(s.loss_mask.data()), {t},
+                                            torch::kUInt8);
+      torch::Tensor aux = captures[i].aux_hidden.to(ToTorchDtype(store_dtype)).contiguous();
+      torch::Tensor last = captures[i].last_hidden.to(ToTorchDtype(store_dtype)).contiguous();
+      std::vector<TensorView> views = {View("input_ids", ids), View("loss_mask", mask),
+                                       View("aux_hidden", aux), View("last_hidden", last)};
+      torch::Tensor target;
+      if (options.keep_target_ids) {
+        target = captures[i].target_ids.contiguous();
+        views.push_back(View("target_ids", target));
+      }
+      RETURN_IF_ERROR(Annotate(writer->Add(batch[i].id, views), absl::StrCat("sample ", batch[i].id)));
+      ++summary.samples_written;
+      summary.tokens_written += t;
+    }
+    batch.clear();
+    batch_max_len = 0;
+    return absl::OkStatus();
+  };
+
+  int64_t next_id = 0;
+  RETURN_IF_ERROR(ForEachJsonLine(
+      options.data, [&](int64_t, const nlohmann::json& record) -> absl::Status {
+        const int64_t id = next_id++;
+        ++records_seen;
+        if (writer->Contains(id)) {
+          ++summary.samples_skipped;
+          progress.Update(records_seen, tokens_seen);
+          return absl::OkStatus();
+        }
+        ASSIGN_OR_RETURN(TokenizedSample sample, SampleFromRecord(record, record_options));
+        const int64_t len = static_cast<int64_t>(sample.input_ids.size());
+        // A sequence joins the batch while the padded batch stays in budget.
+        const int64_t padded = (static_cast<int64_t>(batch.size()) + 1) * std::max(batch_max_len, len);
+        if (!batch.empty() && padded > options.batch_tokens) RETURN_IF_ERROR(flush());
+        batch_max_len = std::max(batch_max_len, len);
+        batch.push_back({id, std::move(sample)});
+        tokens_seen += len;
+        if (static_cast<int64_t>(batch.size()) * batch_max_len >= options.batch_tokens) {
+          RETURN_IF_ERROR(flush());
+        }
+        progress.Update(records_seen, tokens_seen);
+        return absl::OkStatus();
+      }));
+  RETURN_IF_ERROR(flush());
+  RETURN_IF_ERROR(writer->Finish());
+  progress.Update(records_seen, tokens_seen);
+  progress.Finish();
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  SS_LOG_INFO("dump: wrote {} samples ({} tokens), skipped {} already stored, in {:.1f} s to {}",
+              summary.samples_written, summary.tokens_written, summary.samples_skipped,
+              summary.seconds, options.out);
+  return summary;
+}
+
+}  // namespace specstream::teacher

@@ -1,0 +1,50 @@
+// `specstream-teacher dump`: run the target over a dataset and write the
+// offline store (shared/DESIGN.md §7) that students train from with no
+// teacher running.
+//
+// Records are read in file order; record i (0-based, blank lines skipped) is
+// sample i. Consecutive records are batched up to `batch_tokens` padded
+// tokens. Re-running with the same inputs resumes: samples already in
+// finished shards are skipped, a partial shard is rewritten, and the store
+// ends byte-identical to an uninterrupted run.
+#ifndef SPECSTREAM_TEACHER_DUMP_H_
+#define SPECSTREAM_TEACHER_DUMP_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/offline_store.h"
+#include "teacher/target_runtime.h"
+
+namespace specstream::teacher {
+
+struct DumpOptions {
+  std::string data;            // JSON lines: conversations or pre-tokenized
+  std::string tokenizer_dir;   // needed for conversation records
+  std::string template_name;   // needed for conversation records
+  std::string out;             // store directory
+  int64_t batch_tokens = 8192; // padded tokens per forward
+  int64_t max_length = 0;      // truncate; 0: the model's max positions
+  bool keep_target_ids = false;
+  std::string store_dtype = "bfloat16";  // aux/last hidden: bfloat16 | float32
+  StoreWriterOptions store;
+  int progress_terminal = -1;  // see ProgressOptions::terminal
+};
+
+struct DumpSummary {
+  int64_t samples_written = 0;
+  int64_t samples_skipped = 0;  // already in the store (resume)
+  int64_t tokens_written = 0;
+  double seconds = 0;
+};
+
+absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& options);
+
+// The store contract for a runtime: model description + tensor specs.
+nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids,
+                            DType store_dtype);
+
+}  // namespace specstream::teacher
+
+#endif  // SPECSTREAM_TEACHER_DUMP_H_

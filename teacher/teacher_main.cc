@@ -1,0 +1,215 @@
+// `specstream-teacher`: the target-model side.
+//   init-random  write a random checkpoint in HF layout (tests, demo)
+//   forward      run one sequence and print each capture's shape and checksum
+//   dump         write the offline store for a dataset
+//   tp-worker    (internal) one tensor-parallel rank, started by the others
+#include <unistd.h>
+
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/torch/tensor_util.h"
+#include "teacher/dump.h"
+#include "teacher/init_random.h"
+#include "teacher/tp_launcher.h"
+
+namespace {
+
+using namespace specstream;           // NOLINT(build/namespaces): a main file
+using namespace specstream::teacher;  // NOLINT(build/namespaces)
+
+int ExitCode(const absl::Status& status) {
+  if (status.ok()) return 0;
+  std::cerr << "specstream-teacher: " << status.message() << "\n";
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition: return 2;
+    case absl::StatusCode::kNotFound: return 4;
+    default: return 1;
+  }
+}
+
+absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int value = 0;
+    if (!absl::SimpleAtoi(part, &value)) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": \"", part, "\" is not an integer"));
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
+std::string SelfExecutable() {
+  char buffer[4096];
+  ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  return n > 0 ? std::string(buffer, n) : std::string();
+}
+
+// Flags shared by every command that loads the target.
+struct RuntimeFlags {
+  std::string model;
+  std::string devices = "cpu";
+  std::string dtype = "auto";
+  std::string capture;
+  std::string runtime = "hf";
+
+  void Add(CLI::App* app) {
+    app->add_option("--model", model, "Target checkpoint directory (HF layout)")->required();
+    app->add_option("--devices", devices, "One rank per device, e.g. cpu,cpu (tensor parallel)");
+    app->add_option("--dtype", dtype, "auto | float32 | bfloat16");
+    app->add_option("--capture-layers", capture,
+                    "EAGLE-3 capture layer ids (default 1,L/2-1,L-4)");
+    app->add_option("--runtime", runtime, "Target runtime: hf");
+  }
+
+  absl::StatusOr<std::unique_ptr<LaunchedRuntime>> Launch() const {
+    if (runtime != "hf") {
+      return absl::InvalidArgumentError(absl::StrCat("--runtime \"", runtime, "\" (available: hf)"));
+    }
+    RuntimeSpec spec;
+    spec.model_dir = model;
+    spec.dtype = dtype;
+    ASSIGN_OR_RETURN(spec.capture_layer_ids, ParseIntList("--capture-layers", capture));
+    ASSIGN_OR_RETURN(spec.devices, ParseDevices(devices));
+    spec.worker_executable = SelfExecutable();
+    return LaunchRuntime(spec);
+  }
+};
+
+absl::Status RunForward(const RuntimeFlags& flags, const std::string& ids_text) {
+  ASSIGN_OR_RETURN(std::vector<int> ids, ParseIntList("--ids", ids_text));
+  ASSIGN_OR_RETURN(auto launched, flags.Launch());
+  ForwardRequest request;
+  request.sequences = {std::vector<int32_t>(ids.begin(), ids.end())};
+  request.want_target_ids = true;
+  ASSIGN_OR_RETURN(auto captures, launched->runtime().Forward(request));
+  const SequenceCapture& c = captures[0];
+  auto print = [](const char* name, const torch::Tensor& t) {
+    torch::Tensor f = t.to(torch::kFloat64);
+    std::cout << name << " " << c10::toString(t.scalar_type()) << " ["
+              << absl::StrJoin(ShapeOf(t), ", ") << "] sum=" << f.sum().item<double>()
+              << " abs_sum=" << f.abs().sum().item<double>() << "\n";
+  };
+  std::cout << "capture_layer_ids [" << absl::StrJoin(launched->runtime().Describe().capture_layer_ids, ", ")
+            << "]\n";
+  print("aux_hidden", c.aux_hidden);
+  print("last_hidden", c.last_hidden);
+  print("target_ids", c.target_ids);
+  std::cout << "target_ids " << absl::StrJoin(std::vector<int32_t>(
+                                    c.target_ids.data_ptr<int32_t>(),
+                                    c.target_ids.data_ptr<int32_t>() + c.target_ids.numel()),
+                                ",")
+            << "\n";
+  return launched->Shutdown();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"SpecStream teacher: runs the target model and captures EAGLE-3 hidden states"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+
+  InitRandomOptions init;
+  CLI::App* init_cmd = app.add_subcommand("init-random", "Write a random checkpoint in HF layout");
+  init_cmd->add_option("--arch", init.arch, "llama | qwen2 | qwen3 | mistral")->required();
+  init_cmd->add_option("--layers", init.layers, "Decoder layers")->required();
+  init_cmd->add_option("--hidden", init.hidden, "Hidden size")->required();
+  init_cmd->add_option("--heads", init.heads, "Attention heads")->required();
+  init_cmd->add_option("--kv-heads", init.kv_heads, "Key/value heads")->required();
+  init_cmd->add_option("--intermediate", init.intermediate, "MLP size")->required();
+  init_cmd->add_option("--vocab", init.vocab, "Vocabulary size")->required();
+  init_cmd->add_option("--shards", init.shards, "Number of safetensors shards");
+  init_cmd->add_option("--seed", init.seed, "Random seed");
+  init_cmd->add_option("--dtype", init.dtype, "float32 | bfloat16");
+  init_cmd->add_flag("--tie-embeddings", init.tie_embeddings, "Share embed_tokens as lm_head");
+  init_cmd->add_option("--head-dim", init.head_dim, "Head dim (default hidden/heads)");
+  init_cmd->add_option("--max-position", init.max_position, "max_position_embeddings");
+  init_cmd->add_option("--rope-theta", init.rope_theta, "RoPE base");
+  init_cmd->add_option("--out", init.out, "Output directory")->required();
+
+  RuntimeFlags forward_flags;
+  std::string ids;
+  CLI::App* forward_cmd =
+      app.add_subcommand("forward", "Print each captured tensor's shape and checksum");
+  forward_flags.Add(forward_cmd);
+  forward_cmd->add_option("--ids", ids, "Comma-separated token ids")->required();
+
+  RuntimeFlags dump_flags;
+  DumpOptions dump;
+  std::string store_bytes = "512";
+  CLI::App* dump_cmd = app.add_subcommand("dump", "Write the offline store for a dataset");
+  dump_flags.Add(dump_cmd);
+  dump_cmd->add_option("--data", dump.data, "Conversations or pre-tokenized JSON lines")
+      ->required();
+  dump_cmd->add_option("--tokenizer", dump.tokenizer_dir, "Tokenizer directory (conversations)");
+  dump_cmd->add_option("--template", dump.template_name, "Chat template (conversations)");
+  dump_cmd->add_option("--out", dump.out, "Store directory")->required();
+  dump_cmd->add_option("--batch-tokens", dump.batch_tokens, "Padded tokens per forward");
+  dump_cmd->add_option("--max-length", dump.max_length, "Truncate samples (0: model max)");
+  dump_cmd->add_flag("--keep-target-ids", dump.keep_target_ids,
+                     "Store the full-vocab argmax per position");
+  dump_cmd->add_option("--store-dtype", dump.store_dtype, "bfloat16 | float32 hidden states");
+  dump_cmd->add_option("--shard-mib", dump.store.max_shard_bytes, "Shard size in MiB")
+      ->transform([](std::string value) {
+        int64_t mib = 0;
+        if (!absl::SimpleAtoi(value, &mib) || mib < 1) throw CLI::ValidationError("--shard-mib", "must be >= 1");
+        return std::to_string(mib << 20);
+      });
+  dump_cmd->add_option("--shard-samples", dump.store.max_shard_samples,
+                       "Samples per shard (0: by size only)");
+
+  WorkerOptions worker;
+  std::string worker_capture;
+  CLI::App* worker_cmd = app.add_subcommand("tp-worker", "(internal) one tensor-parallel rank");
+  worker_cmd->group("");  // hidden from --help
+  worker_cmd->add_option("--model", worker.model_dir)->required();
+  worker_cmd->add_option("--dtype", worker.dtype);
+  worker_cmd->add_option("--capture-layers", worker_capture);
+  worker_cmd->add_option("--rank", worker.rank)->required();
+  worker_cmd->add_option("--world-size", worker.world_size)->required();
+  worker_cmd->add_option("--master-addr", worker.master_addr);
+  worker_cmd->add_option("--master-port", worker.master_port)->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  LoggingOptions logging;
+  logging.role = "teacher";
+  logging.level = log_level;
+  if (*worker_cmd) logging.rank = worker.rank;
+  if (!InitLogging(logging)) {
+    std::cerr << "specstream-teacher: unknown --log-level \"" << log_level << "\"\n";
+    return 2;
+  }
+
+  if (*init_cmd) return ExitCode(WriteRandomCheckpoint(init));
+  if (*forward_cmd) return ExitCode(RunForward(forward_flags, ids));
+  if (*dump_cmd) {
+    auto launched = dump_flags.Launch();
+    if (!launched.ok()) return ExitCode(launched.status());
+    auto summary = RunDump((*launched)->runtime(), dump);
+    absl::Status shutdown = (*launched)->Shutdown();
+    if (!summary.ok()) return ExitCode(summary.status());
+    return ExitCode(shutdown);
+  }
+  if (*worker_cmd) {
+    auto capture = ParseIntList("--capture-layers", worker_capture);
+    if (!capture.ok()) return ExitCode(capture.status());
+    worker.capture_layer_ids = *capture;
+    return ExitCode(RunTpWorker(worker));
+  }
+  return 2;
+}

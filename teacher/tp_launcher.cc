@@ -1,0 +1,185 @@
+#include "teacher/tp_launcher.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/torch/tensor_util.h"
+
+extern char** environ;
+
+namespace specstream::teacher {
+namespace {
+
+std::string ReadyKey(int rank) { return absl::StrCat("ready/", rank); }
+std::string FailedKey(int rank) { return absl::StrCat("failed/", rank); }
+
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+  if (err != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", std::strerror(err)));
+  }
+  return pid;
+}
+
+// Waits until every worker has reported ready; a failure report or a worker
+// exiting early becomes the returned status.
+absl::Status AwaitWorkers(c10d::Store& store, const std::vector<pid_t>& workers,
+                          std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<bool> ready(workers.size() + 1, false);
+  size_t remaining = workers.size();
+  while (remaining > 0) {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const int rank = static_cast<int>(i) + 1;
+      if (ready[rank]) continue;
+      if (store.check({FailedKey(rank)})) {
+        std::vector<uint8_t> reason = store.get(FailedKey(rank));
+        return absl::FailedPreconditionError(
+            absl::StrCat("TP rank ", rank, ": ", std::string(reason.begin(), reason.end())));
+      }
+      if (store.check({ReadyKey(rank)})) {
+        ready[rank] = true;
+        --remaining;
+        continue;
+      }
+      int wstatus = 0;
+      if (waitpid(workers[i], &wstatus, WNOHANG) == workers[i]) {
+        return absl::InternalError(absl::StrCat("TP rank ", rank, " exited during setup (status ",
+                                                wstatus, ")"));
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError("TP workers did not report ready in time");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices) {
+  std::vector<std::string> out;
+  for (absl::string_view d : absl::StrSplit(devices, ',', absl::SkipWhitespace())) {
+    std::string device(absl::StripAsciiWhitespace(d));
+    if (device == "cpu") {
+      out.push_back(device);
+    } else if (absl::StartsWith(device, "cuda")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--devices: \"", device, "\" needs a CUDA build of LibTorch; this build runs on cpu"));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices: unknown device \"", device, "\" (expected cpu or cuda:N)"));
+    }
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--devices is empty");
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec& spec) {
+  std::unique_ptr<LaunchedRuntime> launched(new LaunchedRuntime());
+  const int world = static_cast<int>(spec.devices.size());
+  HfRuntimeOptions options;
+  options.model_dir = spec.model_dir;
+  options.dtype = spec.dtype;
+  options.capture_layer_ids = spec.capture_layer_ids;
+  options.tp_size = world;
+  if (world == 1) {
+    ASSIGN_OR_RETURN(launched->runtime_, HfRuntime::Create(options));
+    return launched;
+  }
+  if (spec.worker_executable.empty()) {
+    return absl::InvalidArgumentError("tensor parallelism needs the worker executable");
+  }
+  RendezvousOptions rendezvous;
+  rendezvous.world_size = world;
+  int port = 0;
+  ASSIGN_OR_RETURN(auto store, CreateTcpStore(rendezvous, &port));
+  for (int rank = 1; rank < world; ++rank) {
+    std::vector<std::string> args = {spec.worker_executable, "tp-worker",
+                                     "--model", spec.model_dir,
+                                     "--dtype", spec.dtype,
+                                     "--rank", std::to_string(rank),
+                                     "--world-size", std::to_string(world),
+                                     "--master-port", std::to_string(port)};
+    if (!spec.capture_layer_ids.empty()) {
+      args.push_back("--capture-layers");
+      args.push_back(absl::StrJoin(spec.capture_layer_ids, ","));
+    }
+    ASSIGN_OR_RETURN(pid_t pid, Spawn(args));
+    launched->workers_.push_back(pid);
+  }
+  SS_LOG_INFO("tp: started {} worker process(es), rendezvous on 127.0.0.1:{}", world - 1, port);
+  // The leader loads its shard while the workers load theirs.
+  ASSIGN_OR_RETURN(launched->runtime_, HfRuntime::Create(options));
+  RETURN_IF_ERROR(AwaitWorkers(*store, launched->workers_, spec.setup_timeout));
+  ASSIGN_OR_RETURN(launched->group_, CreateGlooGroup(rendezvous, store));
+  launched->runtime_->AttachGroup(launched->group_.group);
+  return launched;
+}
+
+absl::Status LaunchedRuntime::Shutdown() {
+  if (shut_down_) return absl::OkStatus();
+  shut_down_ = true;
+  absl::Status status;
+  if (runtime_) status = runtime_->StopFollowers();
+  for (pid_t pid : workers_) {
+    if (!status.ok()) kill(pid, SIGTERM);
+    int wstatus = 0;
+    waitpid(pid, &wstatus, 0);
+    if (status.ok() && !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)) {
+      status = absl::InternalError(absl::StrCat("TP worker ", pid, " exited with status ", wstatus));
+    }
+  }
+  return status;
+}
+
+LaunchedRuntime::~LaunchedRuntime() {
+  absl::Status status = Shutdown();
+  if (!status.ok()) SS_LOG_WARN("tp shutdown: {}", std::string(status.message()));
+}
+
+absl::Status RunTpWorker(const WorkerOptions& o) {
+  RendezvousOptions rendezvous;
+  rendezvous.rank = o.rank;
+  rendezvous.world_size = o.world_size;
+  rendezvous.master_addr = o.master_addr;
+  rendezvous.master_port = o.master_port;
+  ASSIGN_OR_RETURN(auto store, CreateTcpStore(rendezvous));
+  // Load before joining the group so a bad checkpoint is reported, not hung
+  // on; the group is attached once every rank has loaded.
+  HfRuntimeOptions options;
+  options.model_dir = o.model_dir;
+  options.dtype = o.dtype;
+  options.capture_layer_ids = o.capture_layer_ids;
+  options.tp_rank = o.rank;
+  options.tp_size = o.world_size;
+  auto runtime = HfRuntime::Create(options);
+  if (!runtime.ok()) {
+    std::string reason(runtime.status().message());
+    store->set(FailedKey(o.rank), std::vector<uint8_t>(reason.begin(), reason.end()));
+    return runtime.status();
+  }
+  store->set(ReadyKey(o.rank), std::vector<uint8_t>{1});
+  ASSIGN_OR_RETURN(auto group, CreateGlooGroup(rendezvous, store));
+  (*runtime)->AttachGroup(group.group);
+  return (*runtime)->RunFollower();
+}
+
+}  // namespace specstream::teacher

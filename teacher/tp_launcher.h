@@ -1,0 +1,72 @@
+// Starts a tensor-parallel hf runtime over `--devices`: one process per
+// device. The calling process is rank 0 (the leader, which callers use as a
+// TargetRuntime); ranks 1..N-1 are child processes running
+// `specstream-teacher tp-worker`, which load their shard and follow the
+// leader's broadcasts.
+//
+// Rendezvous: the leader hosts a TCPStore on a free loopback port. Each worker
+// reports "ready/<rank>" or "failed/<rank>" (with the reason) in the store
+// after loading, so a load error in any rank surfaces in the leader as a
+// status, not a hang. Destroying the LaunchedRuntime releases the followers
+// and reaps the children.
+#ifndef SPECSTREAM_TEACHER_TP_LAUNCHER_H_
+#define SPECSTREAM_TEACHER_TP_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/torch/process_group.h"
+#include "teacher/hf_runtime.h"
+
+namespace specstream::teacher {
+
+struct RuntimeSpec {
+  std::string model_dir;
+  std::string dtype = "auto";
+  std::vector<int> capture_layer_ids;
+  std::vector<std::string> devices = {"cpu"};  // "cpu" or "cuda:N"; one rank each
+  std::string worker_executable;  // the specstream-teacher binary (for tp-worker)
+  std::chrono::milliseconds setup_timeout{std::chrono::minutes(10)};
+};
+
+class LaunchedRuntime final {
+ public:
+  ~LaunchedRuntime();
+  HfRuntime& runtime() { return *runtime_; }
+  // Releases followers and waits for the workers; idempotent.
+  absl::Status Shutdown();
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec&);
+  LaunchedRuntime() = default;
+  ProcessGroupHandle group_;
+  std::unique_ptr<HfRuntime> runtime_;
+  std::vector<pid_t> workers_;
+  bool shut_down_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec& spec);
+
+// Parses "cpu,cpu" / "cuda:0,cuda:1"; refuses unknown or unavailable devices.
+absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices);
+
+struct WorkerOptions {
+  std::string model_dir;
+  std::string dtype = "auto";
+  std::vector<int> capture_layer_ids;
+  int rank = 1;
+  int world_size = 2;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+};
+
+// The body of `specstream-teacher tp-worker`: load, report, follow.
+absl::Status RunTpWorker(const WorkerOptions& options);
+
+}  // namespace specstream::teacher
+
+#endif  // SPECSTREAM_TEACHER_TP_LAUNCHER_H_

@@ -1,0 +1,33 @@
+#include "tests/testing/tiny_model.h"
+
+#include "common/file.h"
+#include "gtest/gtest.h"
+#include "teacher/init_random.h"
+
+namespace specstream::testing {
+
+void WriteTinyModel(const std::string& dir, const TinyModelOptions& o) {
+  teacher::InitRandomOptions init;
+  init.arch = o.arch;
+  init.layers = o.layers;
+  init.hidden = o.hidden;
+  init.heads = o.heads;
+  init.kv_heads = o.kv_heads;
+  init.intermediate = o.intermediate;
+  init.vocab = o.vocab;
+  init.shards = o.shards;
+  init.seed = static_cast<uint64_t>(o.seed);
+  init.dtype = o.dtype;
+  init.tie_embeddings = o.tie_embeddings;
+  init.out = dir;
+  absl::Status status = teacher::WriteRandomCheckpoint(init);
+  ASSERT_TRUE(status.ok()) << status;
+  if (o.edit_config) {
+    auto config = LoadHfConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    o.edit_config(*config);
+    ASSERT_TRUE(WriteFileAtomically(dir + "/config.json", HfConfigToJson(*config)).ok());
+  }
+}
+
+}  // namespace specstream::testing

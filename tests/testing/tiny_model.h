@@ -1,0 +1,35 @@
+// Tiny random target checkpoints for tests, written through the same code as
+// `specstream-teacher init-random`, with optional config tweaks (rope
+// scaling, sliding window) that init-random has no flags for.
+#ifndef SPECSTREAM_TESTS_TESTING_TINY_MODEL_H_
+#define SPECSTREAM_TESTS_TESTING_TINY_MODEL_H_
+
+#include <functional>
+#include <string>
+
+#include "common/hf_config.h"
+
+namespace specstream::testing {
+
+struct TinyModelOptions {
+  std::string arch = "llama";
+  int layers = 8;
+  int hidden = 32;
+  int heads = 4;
+  int kv_heads = 2;
+  int intermediate = 64;
+  int vocab = 128;
+  int shards = 1;
+  int seed = 1;
+  bool tie_embeddings = false;
+  std::string dtype = "float32";
+  // Applied to the config after it is written.
+  std::function<void(HfModelConfig&)> edit_config;
+};
+
+// Writes the checkpoint into `dir`; aborts the test on failure.
+void WriteTinyModel(const std::string& dir, const TinyModelOptions& options);
+
+}  // namespace specstream::testing
+
+#endif  // SPECSTREAM_TESTS_TESTING_TINY_MODEL_H_
