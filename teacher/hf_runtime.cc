@@ -92,6 +92,7 @@ bool IsDense(const std::string& model_type) {
 HfRuntime::~HfRuntime() = default;
 
 absl::StatusOr<std::unique_ptr<HfRuntime>> HfRuntime::Create(HfRuntimeOptions options) {
+  TuneAllocatorForTensors();
   std::unique_ptr<HfRuntime> runtime(new HfRuntime());
   runtime->options_ = std::move(options);
   RETURN_IF_ERROR(runtime->Load());

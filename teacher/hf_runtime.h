@@ -37,7 +37,7 @@ struct HfRuntimeOptions {
   // after Create (AttachGroup) so that loading errors surface first.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   // Bound on attention score elements held at once (blockwise attention).
-  int64_t max_score_elements = int64_t{1} << 24;
+  int64_t max_score_elements = int64_t{1} << 22;
 };
 
 class HfRuntime final : public TargetRuntime {

