@@ -93,7 +93,8 @@ absl::StatusOr<Rotary> Rotary::Create(int64_t dim, double theta, const RopeScali
       inv_freq = YarnInvFreq(dim, theta, scaling, original_max, pos_freqs);
       if (scaling.attention_factor) {
         attention_scaling = *scaling.attention_factor;
-      } else if (scaling.mscale && scaling.mscale_all_dim) {
+      } else if (scaling.mscale.value_or(0) != 0 && scaling.mscale_all_dim.value_or(0) != 0) {
+        // transformers tests truthiness: a zero counts as unset.
         attention_scaling = YarnMscale(scaling.factor, *scaling.mscale) /
                             YarnMscale(scaling.factor, *scaling.mscale_all_dim);
       } else {

@@ -259,7 +259,7 @@ TEST(RotaryTest, YarnWithMscaleMatchesTransformers) {
 // unset and the attention factor falls back to 0.1 * ln(factor) + 1.
 // Disabled: Rotary::Create tests has_value() (common/torch/blocks.cc) and
 // returns (0.1 * 0.707 * ln 40 + 1) / 1 = 1.2608037774058554 here.
-TEST(RotaryTest, DISABLED_YarnZeroMscaleAllDimFallsBackLikeTransformers) {
+TEST(RotaryTest, YarnZeroMscaleAllDimFallsBackLikeTransformers) {
   RopeScaling scaling;
   scaling.kind = RopeScaling::Kind::kYarn;
   scaling.factor = 40.0;
