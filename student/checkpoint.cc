@@ -1,0 +1,387 @@
+#include "student/checkpoint.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/file.h"
+#include "common/logging.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "common/torch/tensor_util.h"
+
+namespace specstream::student {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kFormat[] = "specstream-checkpoint/1";
+constexpr char kDraftFile[] = "draft.safetensors";
+constexpr char kOptimizerFile[] = "optimizer.safetensors";
+constexpr char kStateFile[] = "state.json";
+constexpr char kManifestFile[] = "manifest.json";
+constexpr char kLatestFile[] = "latest";
+constexpr char kTmpPrefix[] = ".tmp-";
+
+std::string RngFileName(int rank) { return absl::StrCat("rng-rank-", rank, ".bin"); }
+
+absl::Status ErrnoError(absl::string_view what, const std::string& path) {
+  int err = errno;
+  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(message);
+  return absl::InternalError(message);
+}
+
+// fsync a directory so the entries created or renamed in it survive a crash.
+absl::Status FsyncDir(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return ErrnoError("cannot open directory", dir);
+  int rc = fsync(fd);
+  close(fd);
+  if (rc != 0) return ErrnoError("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
+  std::string path = prefix + "XXXXXX";
+  if (mkdtemp(path.data()) == nullptr) return ErrnoError("cannot create directory", prefix);
+  return path;
+}
+
+void RemoveAllQuietly(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) SS_LOG_WARN("checkpoint: cannot remove {}: {}", path, ec.message());
+}
+
+// "step-00000123" -> 123; nullopt for anything else.
+std::optional<int64_t> ParseStepDirName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "step-") || name.size() < 8) return std::nullopt;
+  for (char c : name) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(name, &step)) return std::nullopt;
+  return step;
+}
+
+absl::StatusOr<std::string> SerializeTensors(const std::map<std::string, torch::Tensor>& tensors,
+                                             absl::string_view what, int64_t step) {
+  SafetensorsWriter writer;
+  writer.SetMetadata("format", kFormat);
+  writer.SetMetadata("step", absl::StrCat(step));
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " tensor ", name, ": undefined"));
+    }
+    absl::Status added;
+    RETURN_IF_ERROR(CatchTorch(absl::StrCat(what, " tensor ", name),
+                               [&] { added = AddTensor(writer, name, tensor); }));
+    if (!added.ok()) return Annotate(added, absl::StrCat(what, " tensor ", name));
+  }
+  return writer.Serialize();
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> ReadTensors(const std::string& path) {
+  ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+  std::map<std::string, torch::Tensor> tensors;
+  for (const std::string& name : file->names()) {
+    ASSIGN_OR_RETURN(TensorView view, file->Get(name));
+    ASSIGN_OR_RETURN(tensors[name], TensorFromView(view));
+  }
+  return tensors;
+}
+
+}  // namespace
+
+std::string CheckpointDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+std::string CheckpointManager::StepDir(int64_t step) const {
+  return absl::StrCat(options_.root, "/", CheckpointDirName(step));
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Create(
+    CheckpointOptions options) {
+  if (options.root.empty()) return absl::InvalidArgumentError("checkpoint root: empty");
+  if (options.keep_last < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint keep_last: must be >= 0, got ", options.keep_last));
+  }
+  while (options.root.size() > 1 && options.root.back() == '/') options.root.pop_back();
+  if (options.read_only) {
+    return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(options)));
+  }
+  std::error_code ec;
+  fs::create_directories(options.root, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create checkpoint root ", options.root, ": ", ec.message()));
+  }
+  auto manager = std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(options)));
+  // Clean what a crashed Save left: temporaries, and step directories that are
+  // not complete (Save never leaves one, but a copy or a full disk can).
+  std::vector<std::string> doomed;
+  for (const auto& entry : fs::directory_iterator(manager->root(), ec)) {
+    std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, kTmpPrefix)) {
+      SS_LOG_WARN("checkpoint: removing leftover temporary {}", entry.path().string());
+      doomed.push_back(entry.path().string());
+    } else if (auto step = ParseStepDirName(name); step.has_value()) {
+      absl::Status complete = manager->CheckComplete(*step);
+      // Only structural damage condemns a directory; an I/O or permission
+      // error might pass, and deleting a good checkpoint cannot be undone.
+      if (absl::IsNotFound(complete) || absl::IsDataLoss(complete)) {
+        SS_LOG_WARN("checkpoint: removing incomplete {}: {}", entry.path().string(),
+                    complete.ToString());
+        doomed.push_back(entry.path().string());
+      }
+    }
+  }
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot list checkpoint root ", manager->root(), ": ", ec.message()));
+  }
+  for (const std::string& path : doomed) RemoveAllQuietly(path);
+  return manager;
+}
+
+absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& contents) {
+  if (options_.read_only) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint root ", root(), " was opened read-only"));
+  }
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("checkpoint step ", step, " < 0"));
+  if (!contents.state.is_object()) {
+    return absl::InvalidArgumentError("checkpoint state: must be a JSON object");
+  }
+  int world = static_cast<int>(contents.rng_by_rank.size());
+  for (int rank = 0; rank < world; ++rank) {
+    if (contents.rng_by_rank.count(rank) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint rng_by_rank: ranks must be 0..",
+                                                     world - 1, ", rank ", rank, " missing"));
+    }
+  }
+  // Everything that can be refused is refused before the first byte hits the
+  // disk.
+  ASSIGN_OR_RETURN(std::string draft_bytes, SerializeTensors(contents.draft, "draft", step));
+  ASSIGN_OR_RETURN(std::string optimizer_bytes,
+                   SerializeTensors(contents.optimizer, "optimizer", step));
+  std::string state_text = contents.state.dump(2) + "\n";
+
+  std::vector<std::pair<std::string, const std::string*>> files = {
+      {kDraftFile, &draft_bytes}, {kOptimizerFile, &optimizer_bytes}, {kStateFile, &state_text}};
+  for (const auto& [rank, bytes] : contents.rng_by_rank)
+    files.emplace_back(RngFileName(rank), &bytes);
+
+  const std::string name = CheckpointDirName(step);
+  const std::string final_dir = StepDir(step);
+  ASSIGN_OR_RETURN(std::string tmp_dir,
+                   MakeTempDir(absl::StrCat(root(), "/", kTmpPrefix, name, "-")));
+  std::string replaced;  // An older step-N moved aside, removed at the end.
+  auto fail = [&](absl::Status status) {
+    RemoveAllQuietly(tmp_dir);
+    return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
+  };
+
+  nlohmann::json manifest = {{"format", kFormat}, {"step", step}, {"world_size", world}};
+  nlohmann::json& sizes = manifest["files"] = nlohmann::json::object();
+  for (const auto& [file, bytes] : files) {
+    absl::Status status = WriteFileAtomically(absl::StrCat(tmp_dir, "/", file), *bytes);
+    if (!status.ok()) return fail(status);
+    sizes[file] = bytes->size();
+  }
+  // The manifest goes last: a directory with a valid manifest has every file.
+  absl::Status status =
+      WriteFileAtomically(absl::StrCat(tmp_dir, "/", kManifestFile), manifest.dump(2) + "\n");
+  if (status.ok()) status = FsyncDir(tmp_dir);
+  if (!status.ok()) return fail(status);
+  if (CrashAt("tmp_written")) return absl::AbortedError("checkpoint: simulated crash");
+
+  struct stat st;
+  if (lstat(final_dir.c_str(), &st) == 0) {
+    // rename(2) cannot replace a non-empty directory: move the old one aside
+    // (onto an empty temporary, which rename may replace) first.
+    auto aside = MakeTempDir(absl::StrCat(root(), "/", kTmpPrefix, "replaced-", name, "-"));
+    if (!aside.ok()) return fail(aside.status());
+    if (rename(final_dir.c_str(), aside->c_str()) != 0) {
+      absl::Status error = ErrnoError("cannot move aside", final_dir);
+      RemoveAllQuietly(*aside);
+      return fail(error);
+    }
+    replaced = *aside;
+  }
+  if (rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+    return fail(ErrnoError("cannot rename into", final_dir));
+  }
+  status = FsyncDir(root());
+  if (!status.ok()) return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
+  if (CrashAt("renamed")) return absl::AbortedError("checkpoint: simulated crash");
+
+  status = WriteFileAtomically(absl::StrCat(root(), "/", kLatestFile), name + "\n");
+  if (!status.ok()) return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
+  if (!replaced.empty()) RemoveAllQuietly(replaced);
+  SS_LOG_INFO("checkpoint: saved step {} to {}", step, final_dir);
+  return Prune(step);
+}
+
+absl::Status CheckpointManager::Prune(int64_t just_saved) const {
+  if (options_.keep_last == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListSteps());
+  std::vector<int64_t> older;
+  for (int64_t step : steps) {
+    if (step < just_saved) older.push_back(step);
+  }
+  // Newest first; the one just saved counts towards keep_last.
+  std::sort(older.rbegin(), older.rend());
+  for (size_t i = static_cast<size_t>(options_.keep_last - 1); i < older.size(); ++i) {
+    // Rename first so a crash mid-removal leaves a .tmp-* (cleaned by Create),
+    // never a step directory with some of its files.
+    const std::string dir = StepDir(older[i]);
+    auto doomed = MakeTempDir(absl::StrCat(root(), "/", kTmpPrefix, "pruned-"));
+    if (!doomed.ok() || rename(dir.c_str(), doomed->c_str()) != 0) {
+      SS_LOG_WARN("checkpoint: cannot prune {}", dir);
+      if (doomed.ok()) RemoveAllQuietly(*doomed);
+      continue;
+    }
+    SS_LOG_INFO("checkpoint: pruned {}", dir);
+    RemoveAllQuietly(*doomed);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::CheckComplete(int64_t step) const {
+  const std::string dir = StepDir(step);
+  auto in_dir = [&](const absl::Status& s) {
+    return Annotate(s, absl::StrCat("checkpoint ", dir));
+  };
+  auto text = ReadFileToString(absl::StrCat(dir, "/", kManifestFile));
+  if (!text.ok()) return in_dir(text.status());
+  nlohmann::json manifest = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object() || manifest.value("format", "") != kFormat ||
+      !manifest.contains("step") || !manifest["step"].is_number_integer() ||
+      !manifest.contains("files") || !manifest["files"].is_object()) {
+    return in_dir(absl::DataLossError(absl::StrCat(kManifestFile, ": not a checkpoint manifest")));
+  }
+  if (manifest["step"].get<int64_t>() != step) {
+    return in_dir(absl::DataLossError(
+        absl::StrCat(kManifestFile, ": names step ", manifest["step"].get<int64_t>())));
+  }
+  const nlohmann::json& files = manifest["files"];
+  for (const char* required : {kDraftFile, kOptimizerFile, kStateFile}) {
+    if (!files.contains(required)) {
+      return in_dir(absl::DataLossError(absl::StrCat(kManifestFile, ": does not list ", required)));
+    }
+  }
+  for (const auto& [file, size] : files.items()) {
+    if (file.find('/') != std::string::npos || !size.is_number_unsigned()) {
+      return in_dir(absl::DataLossError(absl::StrCat(kManifestFile, ": bad entry ", file)));
+    }
+    std::string path = absl::StrCat(dir, "/", file);
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return in_dir(ErrnoError("missing", path));
+    if (static_cast<uint64_t>(st.st_size) != size.get<uint64_t>()) {
+      return in_dir(absl::DataLossError(
+          absl::StrCat(file, ": ", st.st_size, " bytes, expected ", size.get<uint64_t>())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> CheckpointManager::ListSteps() const {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  if (!fs::exists(root(), ec)) return steps;  // A reader before the first save.
+  for (const auto& entry : fs::directory_iterator(root(), ec)) {
+    auto step = ParseStepDirName(entry.path().filename().string());
+    if (step.has_value() && CheckComplete(*step).ok()) steps.push_back(*step);
+  }
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot list checkpoint root ", root(), ": ", ec.message()));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::StatusOr<std::optional<int64_t>> CheckpointManager::LatestStep() const {
+  const std::string latest_path = absl::StrCat(root(), "/", kLatestFile);
+  auto latest = ReadFileToString(latest_path);
+  if (latest.ok()) {
+    auto step = ParseStepDirName(absl::StripAsciiWhitespace(*latest));
+    if (step.has_value()) {
+      absl::Status complete = CheckComplete(*step);
+      if (complete.ok()) return std::optional<int64_t>(*step);
+      SS_LOG_WARN(
+          "checkpoint: {} points at an unusable checkpoint ({}); using the newest "
+          "complete one",
+          latest_path, complete.ToString());
+    } else {
+      SS_LOG_WARN("checkpoint: {} does not name a step directory; ignoring it", latest_path);
+    }
+  } else if (!absl::IsNotFound(latest.status())) {
+    return latest.status();
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListSteps());
+  if (steps.empty()) return std::optional<int64_t>();
+  return std::optional<int64_t>(steps.back());
+}
+
+absl::StatusOr<CheckpointContents> CheckpointManager::Load(int64_t step) const {
+  const std::string dir = StepDir(step);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", dir, ": no such checkpoint"));
+  }
+  RETURN_IF_ERROR(CheckComplete(step));
+  auto in_dir = [&](const absl::Status& s) {
+    return Annotate(s, absl::StrCat("checkpoint ", dir));
+  };
+  CheckpointContents contents;
+  auto draft = ReadTensors(absl::StrCat(dir, "/", kDraftFile));
+  if (!draft.ok()) return in_dir(draft.status());
+  contents.draft = std::move(*draft);
+  auto optimizer = ReadTensors(absl::StrCat(dir, "/", kOptimizerFile));
+  if (!optimizer.ok()) return in_dir(optimizer.status());
+  contents.optimizer = std::move(*optimizer);
+
+  auto state_text = ReadFileToString(absl::StrCat(dir, "/", kStateFile));
+  if (!state_text.ok()) return in_dir(state_text.status());
+  contents.state = nlohmann::json::parse(*state_text, nullptr, /*allow_exceptions=*/false);
+  if (!contents.state.is_object()) {
+    return in_dir(absl::DataLossError(absl::StrCat(kStateFile, ": not a JSON object")));
+  }
+  // Manifest already checked by CheckComplete; read the rank count from it.
+  ASSIGN_OR_RETURN(std::string manifest_text,
+                   ReadFileToString(absl::StrCat(dir, "/", kManifestFile)));
+  nlohmann::json manifest = nlohmann::json::parse(manifest_text, nullptr, false);
+  int world = manifest.value("world_size", 0);
+  for (int rank = 0; rank < world; ++rank) {
+    auto bytes = ReadFileToString(absl::StrCat(dir, "/", RngFileName(rank)));
+    if (!bytes.ok()) return in_dir(Annotate(bytes.status(), RngFileName(rank)));
+    contents.rng_by_rank[rank] = std::move(*bytes);
+  }
+  return contents;
+}
+
+absl::StatusOr<CheckpointContents> CheckpointManager::LoadLatest() const {
+  ASSIGN_OR_RETURN(std::optional<int64_t> step, LatestStep());
+  if (!step.has_value()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint under ", root()));
+  }
+  return Load(*step);
+}
+
+}  // namespace specstream::student

@@ -1,0 +1,259 @@
+#include "student/draft_model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "common/torch/tensor_util.h"
+#include "student/ttt_attention.h"
+
+namespace specstream::student {
+namespace {
+
+// out[:, t] = x[:, t + s] where t + s < T, else zero (dim 1).
+torch::Tensor ShiftLeft(const torch::Tensor& x, int64_t s) {
+  const int64_t t = x.size(1);
+  if (s >= t) return torch::zeros_like(x);
+  if (s == 0) return x;
+  std::vector<int64_t> pad_shape(x.sizes().begin(), x.sizes().end());
+  pad_shape[1] = s;
+  return torch::cat({x.narrow(1, s, t - s), torch::zeros(pad_shape, x.options())}, 1);
+}
+
+constexpr double kInitStd = 0.02;
+
+}  // namespace
+
+torch::Tensor& Eagle3Draft::Add(const std::string& name, torch::Tensor value) {
+  index_[name] = params_.size();
+  params_.emplace_back(name, value.to(torch::kFloat32).contiguous().set_requires_grad(true));
+  return params_.back().second;
+}
+
+torch::Tensor& Eagle3Draft::parameter(const std::string& name) {
+  return params_.at(index_.at(name)).second;
+}
+
+absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(const DraftShape& shape,
+                                                                 const std::string& target_dir,
+                                                                 const VocabMap& vocab_map,
+                                                                 uint64_t seed,
+                                                                 bool need_full_lm_head) {
+  const DraftShape& s = shape;
+  auto positive = [](const char* field, int64_t v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("draft ", field, " must be positive, got ", v));
+  };
+  RETURN_IF_ERROR(positive("hidden_size", s.hidden_size));
+  RETURN_IF_ERROR(positive("intermediate_size", s.intermediate_size));
+  RETURN_IF_ERROR(positive("num_attention_heads", s.num_attention_heads));
+  RETURN_IF_ERROR(positive("num_key_value_heads", s.num_key_value_heads));
+  RETURN_IF_ERROR(positive("head_dim", s.head_dim));
+  if (s.num_attention_heads % s.num_key_value_heads != 0) {
+    return absl::InvalidArgumentError("draft num_key_value_heads must divide num_attention_heads");
+  }
+  if (s.hidden_size != s.target_hidden_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft hidden_size ", s.hidden_size, " must equal the target's ",
+                     s.target_hidden_size, " (the draft reuses the target's embeddings)"));
+  }
+  if (vocab_map.draft_vocab() != s.draft_vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("vocab map has ", vocab_map.draft_vocab(),
+                                                   " draft ids but draft_vocab_size is ",
+                                                   s.draft_vocab_size));
+  }
+  if (vocab_map.target_vocab() != s.target_vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("vocab map covers ", vocab_map.target_vocab(),
+                                                   " target ids but the target vocab is ",
+                                                   s.target_vocab_size));
+  }
+  std::unique_ptr<Eagle3Draft> draft(new Eagle3Draft());
+  draft->shape_ = s;
+  draft->vocab_map_ = vocab_map;
+  const int64_t H = s.hidden_size, Ht = s.target_hidden_size, V = s.target_vocab_size;
+
+  ASSIGN_OR_RETURN(auto checkpoint, CheckpointTensors::Open(target_dir));
+  ASSIGN_OR_RETURN(TensorView embed_view, checkpoint->Get("model.embed_tokens.weight"));
+  if (embed_view.shape != std::vector<int64_t>{V, Ht}) {
+    return absl::InvalidArgumentError(
+        "target model.embed_tokens.weight does not match [vocab, hidden]");
+  }
+  ASSIGN_OR_RETURN(draft->embed_, TensorFromView(embed_view, torch::kFloat32));
+  torch::Tensor lm_head = draft->embed_;
+  if (checkpoint->Contains("lm_head.weight")) {
+    ASSIGN_OR_RETURN(TensorView head_view, checkpoint->Get("lm_head.weight"));
+    if (head_view.shape != std::vector<int64_t>{V, Ht}) {
+      return absl::InvalidArgumentError("target lm_head.weight does not match [vocab, hidden]");
+    }
+    ASSIGN_OR_RETURN(lm_head, TensorFromView(head_view, torch::kFloat32));
+  }
+  torch::Tensor used = torch::tensor(vocab_map.used, torch::kInt64);
+  draft->teacher_head_ = lm_head.index_select(0, used).contiguous();
+  if (need_full_lm_head) draft->full_lm_head_ = lm_head;
+  draft->t2d_ = torch::tensor(std::vector<int64_t>(vocab_map.t2d.begin(), vocab_map.t2d.end()))
+                    .to(torch::kBool);
+
+  // HF-style init: linears N(0, 0.02), norms 1; the draft lm_head starts from
+  // the target's rows of the draft vocab (the distribution it imitates).
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto normal = [&](std::vector<int64_t> dims) {
+    return at::normal(0.0, kInitStd, dims, gen, torch::TensorOptions().dtype(torch::kFloat32));
+  };
+  const int64_t A = s.num_attention_heads, B = s.num_key_value_heads, D = s.head_dim;
+  const int64_t I = s.intermediate_size;
+  draft->Add("fc.weight", normal({H, s.num_captures * Ht}));
+  draft->Add("midlayer.self_attn.q_proj.weight", normal({A * D, 2 * H}));
+  draft->Add("midlayer.self_attn.k_proj.weight", normal({B * D, 2 * H}));
+  draft->Add("midlayer.self_attn.v_proj.weight", normal({B * D, 2 * H}));
+  draft->Add("midlayer.self_attn.o_proj.weight", normal({H, A * D}));
+  draft->Add("midlayer.mlp.gate_proj.weight", normal({I, H}));
+  draft->Add("midlayer.mlp.up_proj.weight", normal({I, H}));
+  draft->Add("midlayer.mlp.down_proj.weight", normal({H, I}));
+  draft->Add("midlayer.input_layernorm.weight", torch::ones({H}));
+  draft->Add("midlayer.hidden_norm.weight", torch::ones({H}));
+  draft->Add("midlayer.post_attention_layernorm.weight", torch::ones({H}));
+  draft->Add("norm.weight", torch::ones({H}));
+  draft->Add("lm_head.weight", draft->teacher_head_.clone());
+  ASSIGN_OR_RETURN(auto rotary,
+                   nn::Rotary::Create(D, s.rope_theta, s.rope_scaling, s.max_position_embeddings));
+  draft->rotary_.emplace(std::move(rotary));
+  return draft;
+}
+
+torch::Tensor Eagle3Draft::TeacherArgmax(const DraftBatch& batch) const {
+  if (batch.target_ids.defined()) return batch.target_ids.to(torch::kInt64);
+  // Row chunks keep the [rows, V] logits small.
+  torch::NoGradGuard no_grad;
+  torch::Tensor last = batch.last_hidden.to(torch::kFloat32);
+  const int64_t b = last.size(0), t = last.size(1);
+  torch::Tensor flat = last.reshape({b * t, -1});
+  torch::Tensor out = torch::empty({b * t}, torch::kInt64);
+  constexpr int64_t kRows = 256;
+  for (int64_t r = 0; r < b * t; r += kRows) {
+    int64_t rows = std::min(kRows, b * t - r);
+    out.narrow(0, r, rows).copy_(torch::linear(flat.narrow(0, r, rows), full_lm_head_).argmax(-1));
+  }
+  return out.view({b, t});
+}
+
+torch::Tensor Eagle3Draft::InDraftVocab(const DraftBatch& batch) const {
+  return t2d_.index({TeacherArgmax(batch)});
+}
+
+torch::Tensor Eagle3Draft::ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab,
+                                     int k) const {
+  const int64_t t = batch.input_ids.size(1);
+  torch::Tensor positions = torch::arange(t, torch::kInt64).unsqueeze(0);
+  torch::Tensor in_range = (positions + k + 1) < batch.lengths.unsqueeze(1);
+  torch::Tensor mask = ShiftLeft(batch.loss_mask.to(torch::kBool), k);
+  return in_range & mask & ShiftLeft(in_vocab, k + 1);
+}
+
+std::vector<int64_t> Eagle3Draft::CountValid(const DraftBatch& batch, int ttt_steps) const {
+  torch::NoGradGuard no_grad;
+  torch::Tensor in_vocab = InDraftVocab(batch);
+  std::vector<int64_t> counts;
+  for (int k = 0; k < ttt_steps; ++k) {
+    counts.push_back(ValidMask(batch, in_vocab, k).sum().item<int64_t>());
+  }
+  return counts;
+}
+
+absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt_steps,
+                                                const std::vector<int64_t>& valid_denominators,
+                                                torch::Dtype cd) {
+  if (static_cast<int>(valid_denominators.size()) != ttt_steps) {
+    return absl::InvalidArgumentError("one valid-position denominator per TTT step is required");
+  }
+  TttOutputs out;
+  absl::Status status = CatchTorch("draft forward", [&] {
+    const DraftShape& s = shape_;
+    const int64_t b = batch.input_ids.size(0), t = batch.input_ids.size(1);
+    const int64_t A = s.num_attention_heads, B = s.num_key_value_heads, D = s.head_dim;
+    const double eps = s.rms_norm_eps;
+    auto P = [&](const char* name) { return parameter(name).to(cd); };
+    torch::Tensor q_w = P("midlayer.self_attn.q_proj.weight");
+    torch::Tensor k_w = P("midlayer.self_attn.k_proj.weight");
+    torch::Tensor v_w = P("midlayer.self_attn.v_proj.weight");
+    torch::Tensor o_w = P("midlayer.self_attn.o_proj.weight");
+    torch::Tensor gate = P("midlayer.mlp.gate_proj.weight");
+    torch::Tensor up = P("midlayer.mlp.up_proj.weight");
+    torch::Tensor down = P("midlayer.mlp.down_proj.weight");
+    torch::Tensor in_ln = P("midlayer.input_layernorm.weight");
+    torch::Tensor hid_ln = P("midlayer.hidden_norm.weight");
+    torch::Tensor post_ln = P("midlayer.post_attention_layernorm.weight");
+    torch::Tensor norm = P("norm.weight");
+    torch::Tensor head = P("lm_head.weight");
+
+    // Teacher distribution over the draft vocab, fp32, no grad.
+    torch::Tensor teacher_logp, teacher_argmax, in_vocab;
+    {
+      torch::NoGradGuard no_grad;
+      torch::Tensor logits = torch::linear(batch.last_hidden.to(torch::kFloat32), teacher_head_);
+      teacher_logp = torch::log_softmax(logits, -1);
+      teacher_argmax = logits.argmax(-1);
+      in_vocab = InDraftVocab(batch);
+    }
+    torch::Tensor h = torch::linear(batch.aux_hidden.to(cd), P("fc.weight"));
+    auto [cos_all, sin_all] = rotary_->CosSin(torch::arange(t + ttt_steps, torch::kInt64), cd);
+    torch::Tensor k0, v0;
+    std::vector<torch::Tensor> diag_k, diag_v;
+    TttAttentionOptions attention;
+    attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
+    torch::Tensor weighted = torch::zeros({}, torch::kFloat32);
+    double decay = 1.0;
+
+    for (int k = 0; k < ttt_steps; ++k) {
+      torch::Tensor ids = ShiftLeft(batch.input_ids, k + 1);
+      torch::Tensor embeds = embed_.index_select(0, ids.reshape({-1})).view({b, t, -1}).to(cd);
+      torch::Tensor x =
+          torch::cat({nn::RmsNorm(embeds, in_ln, eps), nn::RmsNorm(h, hid_ln, eps)}, -1);
+      torch::Tensor q = torch::linear(x, q_w).view({b, t, A, D}).transpose(1, 2);
+      torch::Tensor kk = torch::linear(x, k_w).view({b, t, B, D}).transpose(1, 2);
+      torch::Tensor vv = torch::linear(x, v_w).view({b, t, B, D}).transpose(1, 2);
+      torch::Tensor cos = cos_all.narrow(0, k, t), sin = sin_all.narrow(0, k, t);
+      q = nn::ApplyRotary(q, cos, sin).contiguous();
+      kk = nn::ApplyRotary(kk, cos, sin).contiguous();
+      vv = vv.contiguous();
+      torch::Tensor kd, vd;
+      if (k == 0) {
+        k0 = kk;
+        v0 = vv;
+      } else {
+        diag_k.push_back(kk);
+        diag_v.push_back(vv);
+        kd = torch::stack(diag_k);
+        vd = torch::stack(diag_v);
+      }
+      torch::Tensor a = TttAttention(q, k0, v0, kd, vd, attention);
+      a = torch::linear(a.transpose(1, 2).reshape({b, t, A * D}), o_w);
+      torch::Tensor h_next = h + a;
+      h_next = h_next + nn::SwiGluMlp(nn::RmsNorm(h_next, post_ln, eps), gate, up, down);
+
+      torch::Tensor logits =
+          torch::linear(nn::RmsNorm(h_next, norm, eps), head).to(torch::kFloat32);
+      torch::Tensor valid = ValidMask(batch, in_vocab, k);
+      torch::Tensor target_logp = ShiftLeft(teacher_logp, k + 1);
+      // Soft cross-entropy −Σ_v p log q; p = exp(teacher log-probs).
+      torch::Tensor ce = -(target_logp.exp() * torch::log_softmax(logits, -1)).sum(-1);
+      torch::Tensor loss_sum = (ce * valid).sum();
+      const double denominator = static_cast<double>(std::max<int64_t>(1, valid_denominators[k]));
+      weighted = weighted + loss_sum * (decay / denominator);
+      decay *= 0.8;
+      {
+        torch::NoGradGuard no_grad;
+        torch::Tensor match = logits.argmax(-1) == ShiftLeft(teacher_argmax, k + 1);
+        out.correct.push_back((match & valid).sum().item<int64_t>());
+        out.valid.push_back(valid.sum().item<int64_t>());
+        out.loss_sum.push_back(loss_sum.item<double>());
+      }
+      h = h_next;
+    }
+    out.weighted_loss = weighted;
+  });
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace specstream::student

@@ -1,0 +1,119 @@
+// The EAGLE-3 draft (`LlamaForCausalLMEagle3`, shared/DESIGN.md §3) and its
+// training-time-test (TTT) unroll.
+//
+// Trainable parameters (fp32 master copies; names are the export names):
+//   fc.weight [H, C·Ht]                      aux features (C captured layers) -> H
+//   midlayer.self_attn.{q,k,v}_proj.weight   input 2H = cat(input_layernorm(embed), hidden_norm(h))
+//   midlayer.self_attn.o_proj.weight, midlayer.mlp.{gate,up,down}_proj.weight
+//   midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}.weight
+//   norm.weight, lm_head.weight [draft_vocab, H]
+// Frozen (from the target checkpoint): embed_tokens [V, Ht] and the target
+// lm_head rows selected by t2d [draft_vocab, Ht] (the teacher distribution),
+// plus the full target lm_head when the data carries no target_ids.
+//
+// Thread-safety: one training thread uses a model at a time.
+#ifndef SPECSTREAM_STUDENT_DRAFT_MODEL_H_
+#define SPECSTREAM_STUDENT_DRAFT_MODEL_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "common/hf_config.h"
+#include "common/torch/blocks.h"
+#include "common/vocab_map.h"
+
+namespace specstream::student {
+
+struct DraftShape {
+  int64_t hidden_size = 0;         // H (= the target's hidden size)
+  int64_t target_hidden_size = 0;  // Ht
+  int64_t num_captures = 3;        // C
+  int64_t intermediate_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t draft_vocab_size = 0;
+  int64_t target_vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 0;
+};
+
+// A padded batch of samples, right-padded to T. Shapes per rank.
+struct DraftBatch {
+  torch::Tensor input_ids;    // [B, T] int64
+  torch::Tensor loss_mask;    // [B, T] uint8 (0 on padding)
+  torch::Tensor aux_hidden;   // [B, T, C·Ht]
+  torch::Tensor last_hidden;  // [B, T, Ht]
+  torch::Tensor target_ids;   // [B, T] int64 full-vocab argmax, or undefined
+  torch::Tensor lengths;      // [B] int64
+};
+
+// Per-step sums over this rank's valid positions; the trainer all-reduces
+// them before normalising.
+struct TttOutputs {
+  torch::Tensor weighted_loss;   // scalar: Σ_k 0.8^k · Σ_valid CE_k / denominators
+  std::vector<double> loss_sum;  // per step: Σ_valid CE (before normalisation)
+  std::vector<int64_t> correct;  // per step: draft argmax == teacher argmax
+  std::vector<int64_t> valid;    // per step: valid positions on this rank
+};
+
+class Eagle3Draft final {
+ public:
+  // Random init (seeded), frozen tensors from the target checkpoint.
+  static absl::StatusOr<std::unique_ptr<Eagle3Draft>> Create(const DraftShape& shape,
+                                                             const std::string& target_dir,
+                                                             const VocabMap& vocab_map,
+                                                             uint64_t seed, bool need_full_lm_head);
+
+  // The TTT unroll over `ttt_steps` steps. `valid_denominators[k]` is the
+  // global (all ranks) count of valid positions at step k, so that the loss
+  // is normalised exactly as on one rank. `compute_dtype` is float32 or
+  // bfloat16 (parameters are cast; masters stay fp32).
+  absl::StatusOr<TttOutputs> Forward(const DraftBatch& batch, int ttt_steps,
+                                     const std::vector<int64_t>& valid_denominators,
+                                     torch::Dtype compute_dtype);
+
+  // Valid-position counts per step for a batch (the denominators before the
+  // all-reduce): (t, k) is valid iff t+k+1 < len, loss_mask[t+k] = 1 and the
+  // full-vocab argmax at t+k+1 is in the draft vocab.
+  std::vector<int64_t> CountValid(const DraftBatch& batch, int ttt_steps) const;
+
+  // Trainable parameters by export name, in a fixed order.
+  const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const { return params_; }
+  torch::Tensor& parameter(const std::string& name);
+  const DraftShape& shape() const { return shape_; }
+  const VocabMap& vocab_map() const { return vocab_map_; }
+
+ private:
+  Eagle3Draft() = default;
+  torch::Tensor& Add(const std::string& name, torch::Tensor value);
+  // Full-vocab argmax of the teacher at every position (from target_ids when
+  // present, else from last_hidden and the full target lm_head).
+  torch::Tensor TeacherArgmax(const DraftBatch& batch) const;
+  // [B, T] bool: position's teacher argmax lies in the draft vocab.
+  torch::Tensor InDraftVocab(const DraftBatch& batch) const;
+  // valid[k] as a [B, T] bool mask.
+  torch::Tensor ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab, int k) const;
+
+  DraftShape shape_;
+  VocabMap vocab_map_;
+  std::vector<std::pair<std::string, torch::Tensor>> params_;
+  std::map<std::string, size_t> index_;
+  torch::Tensor embed_;         // frozen [V, Ht]
+  torch::Tensor teacher_head_;  // frozen [draft_vocab, Ht]
+  torch::Tensor full_lm_head_;  // frozen [V, Ht], only when needed
+  torch::Tensor t2d_;           // [V] bool
+  std::optional<nn::Rotary> rotary_;
+};
+
+}  // namespace specstream::student
+
+#endif  // SPECSTREAM_STUDENT_DRAFT_MODEL_H_

@@ -1,0 +1,44 @@
+// What `specstream-student export` and `eval` do, and the draft <-> export
+// conversion the trainer shares with them.
+#ifndef SPECSTREAM_STUDENT_STUDENT_COMMANDS_H_
+#define SPECSTREAM_STUDENT_STUDENT_COMMANDS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "student/draft_model.h"
+#include "student/export.h"
+
+namespace specstream::student {
+
+// The draft's shape and capture ids as stored in checkpoints' state.json.
+nlohmann::json DraftShapeJson(const DraftShape& shape);
+absl::StatusOr<DraftShape> DraftShapeFromJson(const nlohmann::json& json);
+
+// Export tensors and config.json fields for a trained draft.
+absl::StatusOr<ExportInput> DraftExportInput(const Eagle3Draft& draft,
+                                             const std::string& target_dir,
+                                             const std::vector<int>& capture_layer_ids);
+
+// A draft restored from a checkpoint (`path` is a checkpoint root, whose
+// latest step is used, or one step directory), with its state.json.
+struct RestoredDraft {
+  std::unique_ptr<Eagle3Draft> draft;
+  nlohmann::json state;
+};
+absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_full_lm_head);
+
+absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out_dir);
+
+// {"loss":..,"acc":[..],"sim_accept_len":..,"positions":..}
+absl::StatusOr<std::string> EvaluateCheckpoint(const std::string& checkpoint,
+                                               const std::string& store, int ttt_steps,
+                                               int64_t max_length);
+
+}  // namespace specstream::student
+
+#endif  // SPECSTREAM_STUDENT_STUDENT_COMMANDS_H_

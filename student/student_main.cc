@@ -1,0 +1,207 @@
+// `specstream-student`: the draft trainer.
+//   train   --config job.yaml [--resume] [--nproc N]   (torchrun-style env:
+//           RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+//   export  --checkpoint DIR --out DIR                 (SGLang / vLLM layout)
+//   eval    --checkpoint DIR --data STORE              (one JSON line)
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/torch/process_group.h"
+#include "student/job_config.h"
+#include "student/student_commands.h"
+#include "student/trainer.h"
+
+extern char** environ;
+
+namespace {
+
+using namespace specstream;           // NOLINT(build/namespaces): a main file
+using namespace specstream::student;  // NOLINT(build/namespaces)
+
+int ExitCode(const absl::Status& status) {
+  if (status.ok()) return 0;
+  std::cerr << "specstream-student: " << status.message() << "\n";
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+      return 2;
+    case absl::StatusCode::kUnavailable:
+      return 3;
+    case absl::StatusCode::kNotFound:
+      return 4;
+    default:
+      return 1;
+  }
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  int parsed = 0;
+  return value != nullptr && absl::SimpleAtoi(value, &parsed) ? parsed : fallback;
+}
+
+// --nproc N: start N local ranks of this command (without --nproc), wait for
+// all; the first failure stops the others.
+int LaunchLocalRanks(int nproc, int argc, char** argv) {
+  int port = 0;
+  RendezvousOptions probe;
+  // Find a free port by binding a store briefly; rank 0 will re-bind it.
+  {
+    auto store = CreateTcpStore(probe, &port);
+    if (!store.ok()) return ExitCode(store.status());
+  }
+  std::vector<std::string> args;
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  args.emplace_back(n > 0 ? std::string(self, n) : argv[0]);
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    args.push_back(a);
+  }
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < nproc; ++rank) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string entry = *e;
+      if (entry.rfind("RANK=", 0) == 0 || entry.rfind("WORLD_SIZE=", 0) == 0 ||
+          entry.rfind("MASTER_ADDR=", 0) == 0 || entry.rfind("MASTER_PORT=", 0) == 0 ||
+          entry.rfind("LOCAL_RANK=", 0) == 0) {
+        continue;
+      }
+      env_strings.push_back(entry);
+    }
+    env_strings.push_back(absl::StrCat("RANK=", rank));
+    env_strings.push_back(absl::StrCat("LOCAL_RANK=", rank));
+    env_strings.push_back(absl::StrCat("WORLD_SIZE=", nproc));
+    env_strings.push_back("MASTER_ADDR=127.0.0.1");
+    env_strings.push_back(absl::StrCat("MASTER_PORT=", port));
+    std::vector<char*> envp, argvp;
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    for (auto& a : args) argvp.push_back(a.data());
+    argvp.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, argvp[0], nullptr, nullptr, argvp.data(), envp.data()) != 0) {
+      std::cerr << "specstream-student: cannot start rank " << rank << "\n";
+      for (pid_t p : pids) kill(p, SIGTERM);
+      return 1;
+    }
+    pids.push_back(pid);
+  }
+  int exit_code = 0;
+  for (size_t remaining = pids.size(); remaining > 0; --remaining) {
+    int status = 0;
+    pid_t done = wait(&status);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    if (code != 0 && exit_code == 0) {
+      exit_code = code;
+      std::cerr << "specstream-student: a rank (pid " << done << ") failed; stopping the others\n";
+      for (pid_t p : pids) {
+        if (p != done) kill(p, SIGTERM);
+      }
+    }
+  }
+  return exit_code;
+}
+
+absl::Status Train(const std::string& config_path, bool resume, int progress) {
+  ASSIGN_OR_RETURN(v1::JobSpec spec, LoadJobSpec(config_path));
+  ASSIGN_OR_RETURN(TrainerConfig config, TrainerConfigFromJobSpec(spec));
+  config.resume = resume;
+  config.progress_terminal = progress;
+  const int rank = EnvInt("RANK", 0);
+  const int world = EnvInt("WORLD_SIZE", 1);
+  SetLogRank(rank);
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  ProcessGroupHandle handle;
+  if (world > 1) {
+    RendezvousOptions rendezvous;
+    rendezvous.rank = rank;
+    rendezvous.world_size = world;
+    const char* addr = std::getenv("MASTER_ADDR");
+    rendezvous.master_addr = addr != nullptr ? addr : "127.0.0.1";
+    rendezvous.master_port = EnvInt("MASTER_PORT", 29500);
+    ASSIGN_OR_RETURN(handle, CreateGlooGroup(rendezvous));
+    group = handle.group;
+  }
+  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(config, rank, world, group));
+  return trainer->Run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"SpecStream student: trains EAGLE-3 drafts"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+
+  std::string config_path;
+  bool resume = false;
+  int nproc = 0;
+  CLI::App* train_cmd = app.add_subcommand("train", "Train a draft from a job YAML");
+  train_cmd->add_option("--config", config_path, "Job YAML (docs/job-config.md)")->required();
+  train_cmd->add_flag("--resume", resume, "Continue from the latest checkpoint");
+  train_cmd->add_option("--nproc", nproc, "Start this many local ranks (DDP over Gloo)");
+
+  std::string export_checkpoint, export_out;
+  CLI::App* export_cmd = app.add_subcommand("export", "Write the SGLang/vLLM draft layout");
+  export_cmd
+      ->add_option("--checkpoint", export_checkpoint, "Checkpoint root (latest) or step directory")
+      ->required();
+  export_cmd->add_option("--out", export_out, "Output directory")->required();
+
+  std::string eval_checkpoint, eval_data;
+  int eval_ttt = 0;
+  int64_t eval_max_length = 0;
+  CLI::App* eval_cmd = app.add_subcommand("eval", "Loss, acc_k and acceptance length on a store");
+  eval_cmd
+      ->add_option("--checkpoint", eval_checkpoint, "Checkpoint root (latest) or step directory")
+      ->required();
+  eval_cmd->add_option("--data", eval_data, "Offline store")->required();
+  eval_cmd->add_option("--ttt-steps", eval_ttt, "TTT steps (default: the training run's)");
+  eval_cmd->add_option("--max-length", eval_max_length, "Truncate samples (0: off)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  if (*train_cmd && nproc > 1) return LaunchLocalRanks(nproc, argc, argv);
+
+  LoggingOptions logging;
+  logging.role = "student";
+  logging.level = log_level;
+  logging.rank = EnvInt("RANK", -1);
+  if (!InitLogging(logging)) {
+    std::cerr << "specstream-student: unknown --log-level \"" << log_level << "\"\n";
+    return 2;
+  }
+  if (*train_cmd) return ExitCode(Train(config_path, resume, -1));
+  if (*export_cmd) return ExitCode(ExportCheckpoint(export_checkpoint, export_out));
+  if (*eval_cmd) {
+    auto result = EvaluateCheckpoint(eval_checkpoint, eval_data, eval_ttt, eval_max_length);
+    if (!result.ok()) return ExitCode(result.status());
+    std::cout << *result << "\n";
+    return 0;
+  }
+  return 2;
+}

@@ -1,0 +1,582 @@
+#include "student/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/file.h"
+#include "common/hf_config.h"
+#include "common/logging.h"
+#include "common/progress.h"
+#include "common/status.h"
+#include "common/torch/process_group.h"
+#include "common/torch/tensor_util.h"
+#include "student/checkpoint.h"
+#include "student/export.h"
+#include "student/sampler.h"
+#include "student/student_commands.h"
+
+namespace specstream::student {
+namespace {
+
+constexpr int64_t kBucketElements = int64_t{4} << 20;  // 16 MiB of fp32 per all-reduce
+
+// Builds the vocab map from the masked tokens of every sample in the store
+// (deterministic, so every rank builds the same one).
+absl::StatusOr<VocabMap> BuildMapFromStore(StoreSource& source, int64_t target_vocab,
+                                           int64_t draft_vocab) {
+  TokenCounter counter(target_vocab);
+  for (int64_t i = 0; i < source.size(); ++i) {
+    ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
+    torch::Tensor ids = s.input_ids.to(torch::kInt32).contiguous();
+    torch::Tensor mask = s.loss_mask.contiguous();
+    RETURN_IF_ERROR(counter.Add(absl::MakeConstSpan(ids.data_ptr<int32_t>(), ids.numel()),
+                                absl::MakeConstSpan(mask.data_ptr<uint8_t>(), mask.numel())));
+  }
+  return BuildVocabMap(counter, draft_vocab);
+}
+
+}  // namespace
+
+absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::JobSpec& spec) {
+  TrainerConfig c;
+  c.store = spec.data().store();
+  c.max_length = spec.data().max_length();
+  c.target_dir = spec.model().target();
+  const auto& draft = spec.model().draft();
+  c.vocab_map = draft.vocab_map();
+  c.draft_vocab_size = draft.draft_vocab_size();
+  c.intermediate_size = draft.intermediate_size();
+  c.num_attention_heads = draft.num_attention_heads();
+  c.num_key_value_heads = draft.num_key_value_heads();
+  c.head_dim = draft.head_dim();
+  if (draft.hidden_size() != 0) {
+    ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
+    if (draft.hidden_size() != target.hidden_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.draft.hidden_size: ", draft.hidden_size(), " must equal the target's hidden size ",
+          target.hidden_size, " (the draft reuses the target's embeddings)"));
+    }
+  }
+  const auto& opt = spec.optimizer();
+  c.lr = opt.lr();
+  if (opt.betas_size() == 2) {
+    c.adamw.beta1 = opt.betas(0);
+    c.adamw.beta2 = opt.betas(1);
+  }
+  c.adamw.eps = opt.eps();
+  c.adamw.weight_decay = opt.weight_decay();
+  c.grad_clip = opt.grad_clip();
+  c.warmup_steps = opt.warmup_steps();
+  c.warmup_ratio = opt.warmup_ratio();
+  c.cosine = opt.schedule() != "constant";
+  c.min_lr_ratio = opt.min_lr_ratio();
+  const auto& training = spec.training();
+  c.epochs = training.epochs();
+  c.max_steps = training.max_steps();
+  c.batch_size = training.batch_size();
+  c.batch_tokens = training.batch_tokens();
+  c.ttt_steps = static_cast<int>(training.ttt_steps());
+  c.seed = training.seed();
+  c.dtype = training.dtype() == "float32" ? torch::kFloat32 : torch::kBFloat16;
+  c.log_every = training.log_every();
+  c.checkpoint_dir = spec.checkpoint().dir();
+  c.checkpoint_every = spec.checkpoint().every_steps();
+  c.keep_last = spec.checkpoint().keep_last();
+  c.export_dir = spec.export_().dir();
+  c.metrics_jsonl = spec.metrics().jsonl();
+  if (spec.parallel().cp_size() > 1) {
+    return absl::UnimplementedError(
+        "parallel.cp_size > 1: context parallelism is not available in this build yet");
+  }
+  return c;
+}
+
+double SimulatedAcceptLength(const std::vector<double>& acc_k) {
+  double total = 0, product = 1;
+  for (double a : acc_k) {
+    product *= a;
+    total += product;
+  }
+  return total;
+}
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+  if (world_size > 1 && !group) {
+    return absl::InvalidArgumentError("a world of several ranks needs a process group");
+  }
+  TuneAllocatorForTensors();
+  std::unique_ptr<Trainer> trainer(new Trainer());
+  trainer->config_ = std::move(config);
+  trainer->rank_ = rank;
+  trainer->world_size_ = world_size;
+  trainer->group_ = std::move(group);
+  RETURN_IF_ERROR(trainer->Init());
+  return trainer;
+}
+
+absl::Status Trainer::Init() {
+  const TrainerConfig& c = config_;
+  if (c.ttt_steps < 1) return absl::InvalidArgumentError("training.ttt_steps must be >= 1");
+  if ((c.epochs > 0) == (c.max_steps > 0)) {
+    return absl::InvalidArgumentError("set exactly one of training.epochs and training.max_steps");
+  }
+  if ((c.batch_size > 0) == (c.batch_tokens > 0)) {
+    return absl::InvalidArgumentError(
+        "set exactly one of training.batch_size and training.batch_tokens");
+  }
+  ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
+  ASSIGN_OR_RETURN(source_, StoreSource::Open(c.store));
+  // The store must come from this target: same family, sizes and vocab.
+  const nlohmann::json& model = source_->contract()["model"];
+  auto mismatch = [&](const char* field, const nlohmann::json& stored, const nlohmann::json& mine) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store ", c.store, " was dumped from a different target: contract.model.",
+                     field, " is ", stored.dump(), " but ", c.target_dir, " has ", mine.dump()));
+  };
+  if (model.value("model_type", "") != target.model_type) {
+    return mismatch("model_type", model.value("model_type", ""), target.model_type);
+  }
+  if (model.value("hidden_size", int64_t{0}) != target.hidden_size) {
+    return mismatch("hidden_size", model.value("hidden_size", int64_t{0}), target.hidden_size);
+  }
+  if (model.value("vocab_size", int64_t{0}) != target.vocab_size) {
+    return mismatch("vocab_size", model.value("vocab_size", int64_t{0}), target.vocab_size);
+  }
+  if (model.value("num_layers", int64_t{0}) != target.num_hidden_layers) {
+    return mismatch("num_layers", model.value("num_layers", int64_t{0}), target.num_hidden_layers);
+  }
+  const std::vector<int> capture = model["capture_layer_ids"].get<std::vector<int>>();
+  capture_ = capture;
+
+  VocabMap map;
+  if (!c.vocab_map.empty()) {
+    ASSIGN_OR_RETURN(map, LoadVocabMap(c.vocab_map));
+    if (map.target_vocab() != target.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.draft.vocab_map ", c.vocab_map, " covers ", map.target_vocab(),
+                       " target ids but the target vocab is ", target.vocab_size));
+    }
+  } else {
+    if (c.draft_vocab_size < 1 || c.draft_vocab_size > target.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("model.draft.draft_vocab_size ",
+                                                     c.draft_vocab_size, " must be in [1, ",
+                                                     target.vocab_size, "]"));
+    }
+    ASSIGN_OR_RETURN(map, BuildMapFromStore(*source_, target.vocab_size, c.draft_vocab_size));
+  }
+
+  DraftShape shape;
+  shape.hidden_size = target.hidden_size;
+  shape.target_hidden_size = target.hidden_size;
+  shape.num_captures = static_cast<int64_t>(capture.size());
+  shape.intermediate_size =
+      c.intermediate_size > 0 ? c.intermediate_size : target.intermediate_size;
+  shape.num_attention_heads =
+      c.num_attention_heads > 0 ? c.num_attention_heads : target.num_attention_heads;
+  shape.num_key_value_heads =
+      c.num_key_value_heads > 0 ? c.num_key_value_heads : target.num_key_value_heads;
+  shape.head_dim = c.head_dim > 0 ? c.head_dim : target.head_dim;
+  shape.draft_vocab_size = map.draft_vocab();
+  shape.target_vocab_size = target.vocab_size;
+  shape.rms_norm_eps = target.rms_norm_eps;
+  shape.rope_theta = target.rope_theta;
+  shape.rope_scaling = target.rope_scaling;
+  shape.max_position_embeddings = target.max_position_embeddings;
+  ASSIGN_OR_RETURN(
+      draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed, !source_->has_target_ids()));
+  RETURN_IF_ERROR(BroadcastParameters());
+  optimizer_ = std::make_unique<AdamW>(draft_->parameters(), c.adamw);
+
+  ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(0));
+  steps_per_epoch_ = static_cast<int64_t>(plan.size());
+  total_steps_ = c.max_steps > 0 ? c.max_steps : c.epochs * steps_per_epoch_;
+  schedule_.peak_lr = c.lr;
+  schedule_.total_steps = total_steps_;
+  schedule_.warmup_steps = c.warmup_steps > 0
+                               ? c.warmup_steps
+                               : static_cast<int64_t>(std::llround(c.warmup_ratio * total_steps_));
+  schedule_.cosine = c.cosine;
+  schedule_.min_lr_ratio = c.min_lr_ratio;
+  SS_LOG_INFO("trainer: rank {}/{}, {} samples, {} steps/epoch, {} steps, draft vocab {}, K={}",
+              rank_, world_size_, source_->size(), steps_per_epoch_, total_steps_,
+              map.draft_vocab(), c.ttt_steps);
+  if (c.resume) RETURN_IF_ERROR(TryResume());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> Trainer::EpochPlan(int64_t epoch) {
+  if (epoch == cached_epoch_) return cached_plan_;
+  SamplerOptions options;
+  options.seed = config_.seed;
+  options.dp_rank = rank_;
+  options.dp_size = world_size_;
+  ASSIGN_OR_RETURN(auto sampler, DistributedSampler::Create(source_->size(), options));
+  std::vector<int64_t> order = sampler->Indices(epoch);
+  std::vector<std::vector<int64_t>> plan;
+  if (config_.batch_size > 0) {
+    for (size_t i = 0; i < order.size(); i += config_.batch_size) {
+      plan.emplace_back(order.begin() + i,
+                        order.begin() + std::min(order.size(), i + config_.batch_size));
+    }
+  } else {
+    // Greedy packing by padded tokens; every rank then keeps the same number
+    // of batches (the minimum) so collectives stay in step.
+    std::vector<int64_t> current;
+    int64_t longest = 0;
+    for (int64_t index : order) {
+      int64_t len = source_->Length(index);
+      if (config_.max_length > 0) len = std::min(len, config_.max_length);
+      const int64_t padded = (static_cast<int64_t>(current.size()) + 1) * std::max(longest, len);
+      if (!current.empty() && padded > config_.batch_tokens) {
+        plan.push_back(std::move(current));
+        current.clear();
+        longest = 0;
+      }
+      current.push_back(index);
+      longest = std::max(longest, len);
+    }
+    if (!current.empty()) plan.push_back(std::move(current));
+    torch::Tensor count = torch::tensor({static_cast<int64_t>(plan.size())}, torch::kInt64);
+    if (world_size_ > 1) {
+      RETURN_IF_ERROR(CatchTorch("all_reduce(min)", [&] {
+        std::vector<torch::Tensor> buffers{count};
+        c10d::AllreduceOptions min_options;
+        min_options.reduceOp = c10d::ReduceOp::MIN;
+        group_->allreduce(buffers, min_options)->wait();
+      }));
+    }
+    plan.resize(count.item<int64_t>());
+  }
+  if (plan.empty()) return absl::FailedPreconditionError("an epoch has no batches");
+  cached_epoch_ = epoch;
+  cached_plan_ = plan;
+  return plan;
+}
+
+absl::Status Trainer::AllReduce(torch::Tensor& t) {
+  if (world_size_ == 1) return absl::OkStatus();
+  return AllReduceSum(*group_, t);
+}
+
+absl::Status Trainer::BroadcastParameters() {
+  if (world_size_ == 1) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : draft_->parameters()) {
+    torch::Tensor data = p.detach();
+    RETURN_IF_ERROR(Annotate(Broadcast(*group_, data, 0), name));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SyncGradients() {
+  if (world_size_ == 1) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  // Buckets of flattened gradients, all in flight at once, then scattered
+  // back. The loss is already normalised globally, so the reduction is a sum.
+  std::vector<torch::Tensor> grads;
+  for (auto& [name, p] : draft_->parameters()) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  std::vector<std::vector<torch::Tensor>> buckets(1);
+  int64_t filled = 0;
+  for (const torch::Tensor& g : grads) {
+    if (filled > 0 && filled + g.numel() > kBucketElements) {
+      buckets.emplace_back();
+      filled = 0;
+    }
+    buckets.back().push_back(g);
+    filled += g.numel();
+  }
+  std::vector<torch::Tensor> flats;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  RETURN_IF_ERROR(CatchTorch("gradient all_reduce", [&] {
+    for (const auto& bucket : buckets) {
+      std::vector<torch::Tensor> flat_list{torch::cat([&] {
+        std::vector<torch::Tensor> views;
+        for (const auto& g : bucket) views.push_back(g.reshape({-1}));
+        return views;
+      }())};
+      flats.push_back(flat_list[0]);
+      works.push_back(group_->allreduce(flat_list));
+    }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      works[b]->wait();
+      int64_t offset = 0;
+      for (auto& g : buckets[b]) {
+        g.copy_(flats[b].narrow(0, offset, g.numel()).view_as(g));
+        offset += g.numel();
+      }
+    }
+  }));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::TrainStep() {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t epoch = step_ / steps_per_epoch_;
+  ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(epoch));
+  const std::vector<int64_t>& indices = plan[step_ % steps_per_epoch_];
+  std::vector<TrainingSample> samples;
+  for (int64_t index : indices) {
+    ASSIGN_OR_RETURN(TrainingSample s, source_->Get(index));
+    samples.push_back(std::move(s));
+  }
+  DraftBatch batch = Collate(samples, config_.max_length);
+  const int k_steps = config_.ttt_steps;
+
+  std::vector<int64_t> local_valid = draft_->CountValid(batch, k_steps);
+  torch::Tensor valid = torch::tensor(local_valid, torch::kInt64);
+  RETURN_IF_ERROR(AllReduce(valid));
+  std::vector<int64_t> global_valid(valid.data_ptr<int64_t>(), valid.data_ptr<int64_t>() + k_steps);
+
+  for (auto& [name, p] : draft_->parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  ASSIGN_OR_RETURN(TttOutputs out, draft_->Forward(batch, k_steps, global_valid, config_.dtype));
+  RETURN_IF_ERROR(CatchTorch("backward", [&] { out.weighted_loss.backward(); }));
+  RETURN_IF_ERROR(SyncGradients());
+  const double grad_norm = ClipGradNorm(draft_->parameters(), config_.grad_clip);
+  const double lr = schedule_.At(step_);
+  optimizer_->Step(lr);
+  ++step_;
+
+  // Metrics over all ranks.
+  std::vector<double> sums;
+  for (int k = 0; k < k_steps; ++k) {
+    sums.push_back(out.loss_sum[k]);
+    sums.push_back(static_cast<double>(out.correct[k]));
+  }
+  sums.push_back(static_cast<double>(batch.lengths.sum().item<int64_t>()));
+  torch::Tensor metrics = torch::tensor(sums, torch::kFloat64);
+  RETURN_IF_ERROR(AllReduce(metrics));
+  StepMetrics m;
+  m.step = step_;
+  m.lr = lr;
+  m.grad_norm = grad_norm;
+  m.positions = global_valid[0];
+  double decay = 1;
+  for (int k = 0; k < k_steps; ++k) {
+    const double denominator = static_cast<double>(std::max<int64_t>(1, global_valid[k]));
+    m.loss_k.push_back(metrics[2 * k].item<double>() / denominator);
+    m.acc_k.push_back(metrics[2 * k + 1].item<double>() / denominator);
+    m.loss += decay * m.loss_k.back();
+    decay *= 0.8;
+  }
+  m.sim_accept_len = SimulatedAcceptLength(m.acc_k);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.tokens_per_second = metrics[2 * k_steps].item<double>() / std::max(seconds, 1e-9);
+  history_.push_back(m);
+  if (rank_ == 0) Log(m);
+  if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
+      step_ % config_.checkpoint_every == 0 && step_ < total_steps_) {
+    RETURN_IF_ERROR(SaveCheckpoint());
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::Log(const StepMetrics& m) {
+  auto fmt = [](const std::vector<double>& v) {
+    return absl::StrJoin(v, ",", [](std::string* out, double x) {
+      absl::StrAppend(out, absl::StrFormat("%.4f", x));
+    });
+  };
+  if (config_.log_every > 0 && (m.step % config_.log_every == 0 || m.step == total_steps_)) {
+    SS_LOG_INFO(
+        "step {}/{} loss {:.4f} acc [{}] accept_len {:.3f} lr {:.3g} grad_norm {:.3f} "
+        "{:.0f} tok/s",
+        m.step, total_steps_, m.loss, fmt(m.acc_k), m.sim_accept_len, m.lr, m.grad_norm,
+        m.tokens_per_second);
+  }
+  if (!config_.metrics_jsonl.empty()) {
+    nlohmann::json line = {{"step", m.step},
+                           {"loss", m.loss},
+                           {"loss_k", m.loss_k},
+                           {"acc_k", m.acc_k},
+                           {"sim_accept_len", m.sim_accept_len},
+                           {"lr", m.lr},
+                           {"grad_norm", m.grad_norm},
+                           {"tokens_per_s", m.tokens_per_second},
+                           {"positions", m.positions}};
+    std::ofstream out(config_.metrics_jsonl, std::ios::app);
+    out << line.dump() << "\n";
+  }
+}
+
+absl::Status Trainer::RunSteps(int64_t n) {
+  for (int64_t i = 0; i < n && step_ < total_steps_; ++i) RETURN_IF_ERROR(TrainStep());
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Run() {
+  ProgressOptions progress_options;
+  progress_options.label = "train";
+  progress_options.total = total_steps_;
+  progress_options.unit = "steps";
+  progress_options.terminal = rank_ == 0 ? config_.progress_terminal : 0;
+  progress_options.log_every_seconds = 1e9;  // the step log lines already report progress
+  ProgressReporter progress(progress_options);
+  double tokens = 0;
+  while (step_ < total_steps_) {
+    RETURN_IF_ERROR(TrainStep());
+    tokens += history_.back().tokens_per_second;
+    if (rank_ == 0) progress.Update(step_, static_cast<int64_t>(tokens));
+  }
+  if (rank_ == 0) progress.Finish();
+  if (!config_.checkpoint_dir.empty()) RETURN_IF_ERROR(SaveCheckpoint());
+  if (!config_.export_dir.empty() && rank_ == 0) RETURN_IF_ERROR(Export());
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SaveCheckpoint() {
+  torch::NoGradGuard no_grad;
+  // Every rank's RNG state travels to rank 0, which writes the checkpoint;
+  // the barrier keeps ranks from racing ahead of a checkpoint in progress.
+  std::map<int, std::string> rng;
+  torch::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
+  if (world_size_ > 1) {
+    std::vector<std::vector<torch::Tensor>> gathered(1);
+    for (int r = 0; r < world_size_; ++r) gathered[0].push_back(torch::empty_like(state));
+    std::vector<torch::Tensor> input{state};
+    RETURN_IF_ERROR(
+        CatchTorch("rng all_gather", [&] { group_->allgather(gathered, input)->wait(); }));
+    for (int r = 0; r < world_size_; ++r) {
+      const torch::Tensor& t = gathered[0][r];
+      rng[r] = std::string(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    }
+  } else {
+    rng[0] = std::string(static_cast<const char*>(state.data_ptr()), state.nbytes());
+  }
+  absl::Status status;
+  if (rank_ == 0) {
+    CheckpointContents contents;
+    for (const auto& [name, p] : draft_->parameters()) contents.draft[name] = p.detach().clone();
+    const VocabMap& map = draft_->vocab_map();
+    contents.draft["d2t"] = torch::tensor(map.d2t, torch::kInt64);
+    contents.draft["t2d"] =
+        torch::tensor(std::vector<int64_t>(map.t2d.begin(), map.t2d.end())).to(torch::kBool);
+    contents.optimizer = optimizer_->State();
+    contents.rng_by_rank = rng;
+    contents.state = {{"step", step_},
+                      {"epoch", step_ / steps_per_epoch_},
+                      {"batch_in_epoch", step_ % steps_per_epoch_},
+                      {"steps_per_epoch", steps_per_epoch_},
+                      {"total_steps", total_steps_},
+                      {"world_size", world_size_},
+                      {"seed", config_.seed},
+                      {"ttt_steps", config_.ttt_steps},
+                      {"target_dir", config_.target_dir},
+                      {"capture_layer_ids", capture_},
+                      {"draft_shape", DraftShapeJson(draft_->shape())},
+                      {"store", config_.store},
+                      {"scheduler",
+                       {{"peak_lr", schedule_.peak_lr},
+                        {"warmup_steps", schedule_.warmup_steps},
+                        {"total_steps", schedule_.total_steps},
+                        {"cosine", schedule_.cosine},
+                        {"min_lr_ratio", schedule_.min_lr_ratio}}}};
+    auto manager = CheckpointManager::Create(
+        {config_.checkpoint_dir, static_cast<int>(config_.keep_last), {}});
+    status = manager.ok() ? (*manager)->Save(step_, contents) : manager.status();
+    if (status.ok()) SS_LOG_INFO("checkpoint: step {} saved to {}", step_, config_.checkpoint_dir);
+  }
+  if (world_size_ > 1) {
+    RETURN_IF_ERROR(CatchTorch("barrier", [&] { group_->barrier()->wait(); }));
+  }
+  return status;
+}
+
+absl::Status Trainer::TryResume() {
+  ASSIGN_OR_RETURN(
+      auto manager,
+      CheckpointManager::Create({config_.checkpoint_dir, static_cast<int>(config_.keep_last), {}}));
+  ASSIGN_OR_RETURN(std::optional<int64_t> latest, manager->LatestStep());
+  if (!latest) {
+    SS_LOG_INFO("resume: no checkpoint in {}, starting from step 0", config_.checkpoint_dir);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(CheckpointContents contents, manager->Load(*latest));
+  const nlohmann::json& state = contents.state;
+  if (state.value("world_size", 0) != world_size_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint step ", *latest, " was written by ", state.value("world_size", 0),
+                     " ranks; exact resume needs the same world size (", world_size_, ")"));
+  }
+  if (state.value("steps_per_epoch", int64_t{0}) != steps_per_epoch_) {
+    return absl::FailedPreconditionError(
+        "checkpoint was taken with a different data plan "
+        "(store or batch settings changed)");
+  }
+  torch::NoGradGuard no_grad;
+  const VocabMap& map = draft_->vocab_map();
+  auto d2t = contents.draft.find("d2t");
+  if (d2t == contents.draft.end() ||
+      !torch::equal(d2t->second, torch::tensor(map.d2t, torch::kInt64))) {
+    return absl::FailedPreconditionError("checkpoint's draft vocab map differs from this job's");
+  }
+  for (auto& [name, p] : draft_->parameters()) {
+    auto it = contents.draft.find(name);
+    if (it == contents.draft.end() || !it->second.sizes().equals(p.sizes())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint lacks draft tensor ", name, " of this shape"));
+    }
+    p.detach().copy_(it->second);
+  }
+  RETURN_IF_ERROR(optimizer_->LoadState(contents.optimizer));
+  auto rng = contents.rng_by_rank.find(rank_);
+  if (rng != contents.rng_by_rank.end()) {
+    torch::Tensor bytes = torch::empty({static_cast<int64_t>(rng->second.size())}, torch::kUInt8);
+    std::memcpy(bytes.data_ptr(), rng->second.data(), rng->second.size());
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(bytes);
+  }
+  step_ = state.value("step", int64_t{0});
+  SS_LOG_INFO("resume: continuing from step {} of {}", step_, total_steps_);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Export() {
+  ASSIGN_OR_RETURN(ExportInput in, DraftExportInput(*draft_, config_.target_dir, capture_));
+  RETURN_IF_ERROR(ExportDraft(in, config_.export_dir));
+  SS_LOG_INFO("export: draft written to {}", config_.export_dir);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, int ttt_steps,
+                                    int64_t max_length, torch::Dtype dtype) {
+  torch::NoGradGuard no_grad;
+  std::vector<double> loss_sum(ttt_steps, 0), correct(ttt_steps, 0), valid(ttt_steps, 0);
+  for (int64_t i = 0; i < source.size(); ++i) {
+    ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
+    DraftBatch batch = Collate({s}, max_length);
+    std::vector<int64_t> counts = draft.CountValid(batch, ttt_steps);
+    ASSIGN_OR_RETURN(TttOutputs out, draft.Forward(batch, ttt_steps, counts, dtype));
+    for (int k = 0; k < ttt_steps; ++k) {
+      loss_sum[k] += out.loss_sum[k];
+      correct[k] += static_cast<double>(out.correct[k]);
+      valid[k] += static_cast<double>(out.valid[k]);
+    }
+  }
+  EvalResult result;
+  double decay = 1;
+  for (int k = 0; k < ttt_steps; ++k) {
+    const double denominator = std::max(valid[k], 1.0);
+    result.loss += decay * loss_sum[k] / denominator;
+    result.acc_k.push_back(correct[k] / denominator);
+    decay *= 0.8;
+  }
+  result.sim_accept_len = SimulatedAcceptLength(result.acc_k);
+  result.positions = static_cast<int64_t>(valid[0]);
+  return result;
+}
+
+}  // namespace specstream::student

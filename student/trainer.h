@@ -1,0 +1,144 @@
+// The EAGLE-3 draft trainer: one instance per rank (DP ranks in a c10d
+// group), deterministic data order, AdamW with warmup + cosine, global-norm
+// clipping, bucketed gradient all-reduce, metrics, checkpoints and export.
+//
+// Exactness contract: the loss at step k is normalised by the number of valid
+// positions over all ranks, and gradients are summed across ranks, so N ranks
+// with batch b train exactly like 1 rank with batch N·b (up to float
+// summation order).
+#ifndef SPECSTREAM_STUDENT_TRAINER_H_
+#define SPECSTREAM_STUDENT_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "absl/status/statusor.h"
+#include "specstream/v1/job.pb.h"
+#include "student/data_source.h"
+#include "student/draft_model.h"
+#include "student/optimizer.h"
+
+namespace specstream::student {
+
+struct TrainerConfig {
+  std::string store;       // offline store directory
+  std::string target_dir;  // target checkpoint (embeddings, lm_head, config)
+  std::string vocab_map;   // map file, or empty to build one of draft_vocab_size
+  int64_t draft_vocab_size = 0;
+  // Draft shape overrides; 0 takes the target's.
+  int64_t intermediate_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_length = 0;
+
+  double lr = 1e-4;
+  AdamWOptions adamw;
+  double grad_clip = 0.5;
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0.0;
+  bool cosine = true;
+  double min_lr_ratio = 0.0;
+
+  int64_t epochs = 0;  // one of epochs / max_steps
+  int64_t max_steps = 0;
+  int64_t batch_size = 1;  // samples per rank per step (or batch_tokens)
+  int64_t batch_tokens = 0;
+  int ttt_steps = 7;
+  uint64_t seed = 0;
+  torch::Dtype dtype = torch::kBFloat16;
+  int64_t log_every = 1;
+
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int64_t keep_last = 0;
+  std::string export_dir;
+  std::string metrics_jsonl;
+  bool resume = false;
+  int progress_terminal = -1;
+};
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based, after the update
+  double loss = 0;   // Σ_k 0.8^k L_k
+  std::vector<double> loss_k;
+  std::vector<double> acc_k;
+  double sim_accept_len = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double tokens_per_second = 0;
+  int64_t positions = 0;  // valid positions at step 0, all ranks
+};
+
+class Trainer final {
+ public:
+  // `group` may be null when world_size is 1.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<c10d::ProcessGroup> group);
+  ~Trainer();
+
+  // Trains until max_steps / epochs are done (resuming first when asked).
+  absl::Status Run();
+  // Runs `n` more steps (tests); stops early at the end of training.
+  absl::Status RunSteps(int64_t n);
+
+  int64_t step() const { return step_; }
+  int64_t total_steps() const { return total_steps_; }
+  const std::vector<StepMetrics>& history() const { return history_; }
+  Eagle3Draft& draft() { return *draft_; }
+
+ private:
+  Trainer() = default;
+  absl::Status Init();
+  absl::StatusOr<std::vector<std::vector<int64_t>>> EpochPlan(int64_t epoch);
+  absl::Status TrainStep();
+  absl::Status AllReduce(torch::Tensor& t);
+  absl::Status SyncGradients();
+  absl::Status BroadcastParameters();
+  absl::Status SaveCheckpoint();
+  absl::Status TryResume();
+  absl::Status Export();
+  void Log(const StepMetrics& m);
+
+  TrainerConfig config_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::unique_ptr<StoreSource> source_;
+  std::unique_ptr<Eagle3Draft> draft_;
+  std::unique_ptr<AdamW> optimizer_;
+  LrSchedule schedule_;
+  int64_t steps_per_epoch_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t step_ = 0;  // completed optimizer steps
+  int64_t cached_epoch_ = -1;
+  std::vector<std::vector<int64_t>> cached_plan_;
+  std::vector<StepMetrics> history_;
+  std::vector<int> capture_;
+};
+
+// The trainer settings of a validated job spec (ValidateJobSpec first).
+absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::JobSpec& spec);
+
+// Loss / acc_k / simulated acceptance length of a draft over every sample of
+// a source (one rank, no updates).
+struct EvalResult {
+  double loss = 0;
+  std::vector<double> acc_k;
+  double sim_accept_len = 0;
+  int64_t positions = 0;
+};
+absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, int ttt_steps,
+                                    int64_t max_length, torch::Dtype dtype);
+
+// Σ_k Π_{j≤k} acc_j.
+double SimulatedAcceptLength(const std::vector<double>& acc_k);
+
+}  // namespace specstream::student
+
+#endif  // SPECSTREAM_STUDENT_TRAINER_H_

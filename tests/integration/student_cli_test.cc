@@ -1,0 +1,113 @@
+// The offline path end to end, as a user runs it: init-random a target, dump
+// a store, train with two local DDP ranks from a job YAML, export, eval.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/testing.h"
+
+namespace specstream {
+namespace {
+
+class StudentCliTest : public ::testing::Test {
+ protected:
+  int Run(const std::string& binary, const std::string& args) {
+    std::string command = binary + " " + args + " >" + dir_.Join("stdout") + " 2>" +
+                          dir_.Join("stderr");
+    int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  int Teacher(const std::string& args) { return Run(SPECSTREAM_TEACHER_PATH, args); }
+  int Student(const std::string& args) { return Run(SPECSTREAM_STUDENT_PATH, args); }
+  std::string Stdout() { return testing::ReadFile(dir_.Join("stdout")); }
+  std::string Stderr() { return testing::ReadFile(dir_.Join("stderr")); }
+
+  void MakeStore() {
+    ASSERT_EQ(Teacher("init-random --arch llama --layers 8 --hidden 32 --heads 4 --kv-heads 2 "
+                      "--intermediate 64 --vocab 256 --dtype float32 --out " +
+                      dir_.Join("target")),
+              0)
+        << Stderr();
+    std::string data;
+    for (int i = 0; i < 16; ++i) {
+      std::string ids;
+      for (int t = 0; t < 10 + i; ++t) ids += (t ? "," : "") + std::to_string((i * 31 + t * 17) % 256);
+      data += "{\"input_ids\":[" + ids + "]}\n";
+    }
+    testing::WriteFile(dir_.Join("data.jsonl"), data);
+    ASSERT_EQ(Teacher("dump --model " + dir_.Join("target") + " --data " + dir_.Join("data.jsonl") +
+                      " --out " + dir_.Join("store") + " --keep-target-ids"),
+              0)
+        << Stderr();
+  }
+
+  std::string JobYaml(const std::string& extra = "") {
+    return "name: cli-test\n"
+           "data:\n  store: " + dir_.Join("store") + "\n"
+           "model:\n  target: " + dir_.Join("target") + "\n  draft:\n    draft_vocab_size: 64\n"
+           "optimizer:\n  lr: 3.0e-3\n  warmup_steps: 2\n"
+           "training:\n  max_steps: 8\n  batch_size: 2\n  ttt_steps: 3\n  dtype: float32\n"
+           "checkpoint:\n  dir: " + dir_.Join("ckpt") + "\n  every_steps: 4\n"
+           "export:\n  dir: " + dir_.Join("export") + "\n"
+           "metrics:\n  jsonl: " + dir_.Join("metrics.jsonl") + "\n" + extra;
+  }
+
+  testing::TempDir dir_;
+};
+
+TEST_F(StudentCliTest, TrainTwoRanksExportAndEval) {
+  MakeStore();
+  testing::WriteFile(dir_.Join("job.yaml"), JobYaml());
+  ASSERT_EQ(Student("train --config " + dir_.Join("job.yaml") + " --nproc 2"), 0) << Stderr();
+  EXPECT_NE(Stderr().find("step 8/8"), std::string::npos) << Stderr();
+  EXPECT_NE(Stderr().find("[student:1]"), std::string::npos) << Stderr();
+
+  // Metrics: one JSON line per step from rank 0.
+  std::string metrics = testing::ReadFile(dir_.Join("metrics.jsonl"));
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 8);
+  EXPECT_NE(metrics.find("\"acc_k\""), std::string::npos);
+
+  // The export holds the serving layout and no embeddings.
+  auto model = SafetensorsFile::Open(dir_.Join("export/model.safetensors"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->Contains("midlayer.self_attn.q_proj.weight"));
+  EXPECT_FALSE((*model)->Contains("embed_tokens.weight"));
+  auto config = nlohmann::json::parse(testing::ReadFile(dir_.Join("export/config.json")));
+  EXPECT_EQ(config["architectures"][0], "LlamaForCausalLMEagle3");
+  EXPECT_EQ(config["draft_vocab_size"], 64);
+
+  // export from the checkpoint gives the same tensors.
+  ASSERT_EQ(Student("export --checkpoint " + dir_.Join("ckpt") + " --out " + dir_.Join("export2")),
+            0)
+      << Stderr();
+  EXPECT_EQ(testing::ReadFile(dir_.Join("export/model.safetensors")),
+            testing::ReadFile(dir_.Join("export2/model.safetensors")));
+
+  ASSERT_EQ(Student("eval --checkpoint " + dir_.Join("ckpt") + " --data " + dir_.Join("store")), 0)
+      << Stderr();
+  auto line = nlohmann::json::parse(Stdout());
+  EXPECT_EQ(line["acc"].size(), 3u);
+  EXPECT_GT(line["positions"].get<int64_t>(), 0);
+  EXPECT_TRUE(line.contains("sim_accept_len"));
+  EXPECT_TRUE(line.contains("loss"));
+}
+
+TEST_F(StudentCliTest, BadJobsAreRefusedNamingTheField) {
+  MakeStore();
+  testing::WriteFile(dir_.Join("bad.yaml"), JobYaml("bogus_section: 1\n"));
+  EXPECT_EQ(Student("train --config " + dir_.Join("bad.yaml")), 2);
+  EXPECT_NE(Stderr().find("bogus_section"), std::string::npos) << Stderr();
+  std::string lr = JobYaml();
+  lr.replace(lr.find("lr: 3.0e-3"), 10, "lr: -1");
+  testing::WriteFile(dir_.Join("lr.yaml"), lr);
+  EXPECT_EQ(Student("train --config " + dir_.Join("lr.yaml")), 2);
+  EXPECT_NE(Stderr().find("optimizer.lr"), std::string::npos) << Stderr();
+}
+
+}  // namespace
+}  // namespace specstream

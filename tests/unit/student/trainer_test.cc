@@ -1,0 +1,254 @@
+#include "student/trainer.h"
+
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "common/torch/process_group.h"
+#include "gtest/gtest.h"
+#include "student/export.h"
+#include "teacher/dump.h"
+#include "teacher/hf_runtime.h"
+#include "tests/testing/testing.h"
+#include "tests/testing/tiny_model.h"
+
+namespace specstream::student {
+namespace {
+
+// A tiny random teacher and a store of 24 pre-tokenized samples dumped from it
+// (shared by every test in the suite: dumping is the slow part).
+class TrainerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new specstream::testing::TempDir();
+    specstream::testing::TinyModelOptions model;
+    model.layers = 8;
+    model.hidden = 32;
+    model.heads = 4;
+    model.kv_heads = 2;
+    model.intermediate = 64;
+    model.vocab = 256;
+    specstream::testing::WriteTinyModel(dir_->Join("target"), model);
+    std::string data;
+    uint64_t state = 7;
+    for (int i = 0; i < 24; ++i) {
+      const int len = 12 + (i * 5) % 20;
+      std::string ids, mask;
+      for (int t = 0; t < len; ++t) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        ids += (t ? "," : "") + std::to_string((state >> 33) % 256);
+        mask += (t ? "," : "") + std::string(t < 3 ? "0" : "1");
+      }
+      data += "{\"input_ids\":[" + ids + "],\"loss_mask\":[" + mask + "]}\n";
+    }
+    specstream::testing::WriteFile(dir_->Join("data.jsonl"), data);
+    teacher::HfRuntimeOptions options;
+    options.model_dir = dir_->Join("target");
+    options.dtype = "float32";
+    auto runtime = teacher::HfRuntime::Create(options);
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    teacher::DumpOptions dump;
+    dump.data = dir_->Join("data.jsonl");
+    dump.out = dir_->Join("store");
+    dump.store_dtype = "float32";
+    dump.keep_target_ids = true;
+    dump.progress_terminal = 0;
+    auto summary = teacher::RunDump(**runtime, dump);
+    ASSERT_TRUE(summary.ok()) << summary.status();
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static TrainerConfig Config() {
+    TrainerConfig c;
+    c.store = dir_->Join("store");
+    c.target_dir = dir_->Join("target");
+    c.draft_vocab_size = 128;
+    c.lr = 3e-3;
+    c.max_steps = 20;
+    c.batch_size = 4;
+    c.ttt_steps = 3;
+    c.seed = 5;
+    c.dtype = torch::kFloat32;
+    c.grad_clip = 1.0;
+    c.progress_terminal = 0;
+    c.log_every = 0;
+    return c;
+  }
+
+  static double MaxParameterDifference(Trainer& a, Trainer& b) {
+    double diff = 0;
+    for (size_t i = 0; i < a.draft().parameters().size(); ++i) {
+      diff = std::max(diff, (a.draft().parameters()[i].second - b.draft().parameters()[i].second)
+                                .abs()
+                                .max()
+                                .item<double>());
+    }
+    return diff;
+  }
+
+  static specstream::testing::TempDir* dir_;
+};
+
+specstream::testing::TempDir* TrainerTest::dir_ = nullptr;
+
+TEST_F(TrainerTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
+  TrainerConfig single_config = Config();
+  auto single = Trainer::Create(single_config, 0, 1, {});
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_TRUE((*single)->RunSteps(20).ok());
+
+  TrainerConfig ddp_config = Config();
+  ddp_config.batch_size = 2;
+  int port = 0;
+  RendezvousOptions rendezvous;
+  rendezvous.world_size = 2;
+  auto store = CreateTcpStore(rendezvous, &port);
+  ASSERT_TRUE(store.ok());
+  std::unique_ptr<Trainer> ranks[2];
+  absl::Status statuses[2];
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      RendezvousOptions r = rendezvous;
+      r.rank = rank;
+      r.master_port = port;
+      auto group = rank == 0 ? CreateGlooGroup(r, *store) : CreateGlooGroup(r);
+      if (!group.ok()) {
+        statuses[rank] = group.status();
+        return;
+      }
+      auto trainer = Trainer::Create(ddp_config, rank, 2, group->group);
+      if (!trainer.ok()) {
+        statuses[rank] = trainer.status();
+        return;
+      }
+      statuses[rank] = (*trainer)->RunSteps(20);
+      ranks[rank] = std::move(*trainer);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(statuses[0].ok()) << statuses[0];
+  ASSERT_TRUE(statuses[1].ok()) << statuses[1];
+  EXPECT_EQ(ranks[0]->step(), 20);
+  EXPECT_LE(MaxParameterDifference(*ranks[0], **single), 1e-5);
+  EXPECT_EQ(MaxParameterDifference(*ranks[0], *ranks[1]), 0.0);  // replicas stay identical
+  // Metrics are global: the same on both layouts.
+  EXPECT_NEAR(ranks[0]->history().back().loss, (*single)->history().back().loss, 1e-5);
+  EXPECT_EQ(ranks[0]->history().back().positions, (*single)->history().back().positions);
+}
+
+TEST_F(TrainerTest, LossFallsAndAcceptanceRisesOnATinyTeacher) {
+  TrainerConfig config = Config();
+  config.max_steps = 240;
+  config.warmup_steps = 10;
+  auto trainer = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  const auto& h = (*trainer)->history();
+  auto mean = [&](size_t from, size_t to, auto field) {
+    double s = 0;
+    for (size_t i = from; i < to; ++i) s += field(h[i]);
+    return s / (to - from);
+  };
+  auto loss = [](const StepMetrics& m) { return m.loss; };
+  auto acc0 = [](const StepMetrics& m) { return m.acc_k[0]; };
+  const double first_loss = mean(0, 10, loss), last_loss = mean(230, 240, loss);
+  const double first_acc = mean(0, 10, acc0), last_acc = mean(230, 240, acc0);
+  std::cout << "loss " << first_loss << " -> " << last_loss << ", acc_0 " << first_acc << " -> "
+            << last_acc << ", accept_len " << h.front().sim_accept_len << " -> "
+            << h.back().sim_accept_len << "\n";
+  // The soft cross-entropy includes the teacher's own entropy, so it cannot
+  // approach 0; the drop is what the draft learned.
+  EXPECT_LT(last_loss, first_loss - 1.0);
+  EXPECT_GT(last_acc, first_acc + 0.1);
+}
+
+TEST_F(TrainerTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
+  specstream::testing::TempDir dir;
+  TrainerConfig config = Config();
+  config.max_steps = 12;
+  config.checkpoint_every = 5;
+  config.checkpoint_dir = dir.Join("straight");
+  auto straight = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  ASSERT_TRUE((*straight)->Run().ok());
+
+  config.checkpoint_dir = dir.Join("interrupted");
+  {
+    auto first = Trainer::Create(config, 0, 1, {});
+    ASSERT_TRUE(first.ok());
+    ASSERT_TRUE((*first)->RunSteps(7).ok());  // checkpoint at 5; steps 6-7 are lost
+  }
+  config.resume = true;
+  auto resumed = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->step(), 5);
+  ASSERT_TRUE((*resumed)->Run().ok());
+  EXPECT_EQ((*resumed)->step(), 12);
+  for (size_t i = 0; i < (*straight)->draft().parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal((*straight)->draft().parameters()[i].second,
+                             (*resumed)->draft().parameters()[i].second))
+        << (*straight)->draft().parameters()[i].first;
+  }
+  EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
+}
+
+TEST_F(TrainerTest, ExportAtTheEndHasTheServingLayout) {
+  specstream::testing::TempDir dir;
+  TrainerConfig config = Config();
+  config.max_steps = 3;
+  config.export_dir = dir.Join("export");
+  auto trainer = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(trainer.ok());
+  ASSERT_TRUE((*trainer)->Run().ok());
+  auto exported = ReadExport(dir.Join("export"));
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  std::set<std::string> names;
+  for (const auto& [name, t] : exported->tensors) names.insert(name);
+  EXPECT_EQ(names.count("fc.weight"), 1u);
+  EXPECT_EQ(names.count("d2t"), 1u);
+  EXPECT_EQ(names.count("embed_tokens.weight"), 0u);
+  EXPECT_EQ(exported->tensors["fc.weight"].sizes(), (std::vector<int64_t>{32, 96}));
+  EXPECT_EQ(exported->tensors["lm_head.weight"].sizes(), (std::vector<int64_t>{128, 32}));
+  EXPECT_EQ(exported->config.draft_vocab_size, 128);
+  EXPECT_EQ(exported->config.aux_layer_ids, (std::vector<int64_t>{1, 3, 4}));
+}
+
+TEST_F(TrainerTest, BadConfigsAreRefusedClearly) {
+  TrainerConfig c = Config();
+  c.epochs = 1;  // and max_steps
+  EXPECT_NE(Trainer::Create(c, 0, 1, {}).status().message().find("exactly one of training.epochs"),
+            std::string::npos);
+  c = Config();
+  c.draft_vocab_size = 100000;
+  auto r = Trainer::Create(c, 0, 1, {});
+  EXPECT_NE(r.status().message().find("draft_vocab_size"), std::string::npos) << r.status();
+
+  // A store dumped from another target (different hidden size).
+  specstream::testing::TempDir other;
+  specstream::testing::TinyModelOptions model;
+  model.hidden = 64;
+  model.vocab = 256;
+  specstream::testing::WriteTinyModel(other.Join("target"), model);
+  c = Config();
+  c.target_dir = other.Join("target");
+  r = Trainer::Create(c, 0, 1, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("contract.model.hidden_size"), std::string::npos)
+      << r.status();
+
+  // A vocab map for the wrong target vocab.
+  TokenCounter counter(1000);
+  auto map = BuildVocabMap(counter, 10);
+  ASSERT_TRUE(map.ok());
+  ASSERT_TRUE(SaveVocabMap(*map, other.Join("map.safetensors")).ok());
+  c = Config();
+  c.draft_vocab_size = 0;
+  c.vocab_map = other.Join("map.safetensors");
+  r = Trainer::Create(c, 0, 1, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("covers 1000 target ids"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace specstream::student
