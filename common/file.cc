@@ -14,13 +14,6 @@
 namespace specstream {
 namespace {
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  int err = errno;
-  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(message);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
-  return absl::InternalError(message);
-}
 
 // The process umask, read once (umask() can only be read by setting it).
 mode_t FileMode() {
@@ -37,7 +30,7 @@ mode_t FileMode() {
 absl::StatusOr<std::pair<std::string, int>> MakeTemp(const std::string& path) {
   std::string temp = path + ".tmp-XXXXXX";
   int fd = mkstemp(temp.data());
-  if (fd < 0) return ErrnoError("cannot create a temporary file for", path);
+  if (fd < 0) return ErrnoStatus("cannot create a temporary file for", path);
   fchmod(fd, FileMode());
   return std::make_pair(temp, fd);
 }
@@ -45,31 +38,50 @@ absl::StatusOr<std::pair<std::string, int>> MakeTemp(const std::string& path) {
 // fsync the data, rename over `path`, then fsync the directory so the rename
 // itself survives a crash.
 absl::Status SyncAndRename(int fd, const std::string& temp, const std::string& path) {
-  if (fsync(fd) != 0) return ErrnoError("cannot fsync", temp);
-  if (rename(temp.c_str(), path.c_str()) != 0) return ErrnoError("cannot rename into", path);
+  if (fsync(fd) != 0) return ErrnoStatus("cannot fsync", temp);
+  if (rename(temp.c_str(), path.c_str()) != 0) return ErrnoStatus("cannot rename into", path);
   size_t slash = path.find_last_of('/');
   std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir_fd >= 0) {
-    fsync(dir_fd);
-    close(dir_fd);
-  }
+  (void)FsyncDirectory(dir);  // best effort: the data itself is already durable
   return absl::OkStatus();
 }
 
 }  // namespace
 
+absl::Status ErrnoStatus(absl::string_view what, const std::string& path) {
+  int err = errno;
+  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(message);
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
+  return absl::InternalError(message);
+}
+
+absl::Status FsyncDirectory(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return ErrnoStatus("cannot open directory", dir);
+  int rc = fsync(fd);
+  close(fd);
+  if (rc != 0) return ErrnoStatus("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> MakeTempDirectory(const std::string& prefix) {
+  std::string path = prefix + "XXXXXX";
+  if (mkdtemp(path.data()) == nullptr) return ErrnoStatus("cannot create directory", prefix);
+  return path;
+}
+
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
                                                        &std::fclose);
-  if (!file) return ErrnoError("cannot open", path);
+  if (!file) return ErrnoStatus("cannot open", path);
   std::string contents;
   char buffer[1 << 16];
   size_t n;
   while ((n = std::fread(buffer, 1, sizeof(buffer), file.get())) > 0) {
     contents.append(buffer, n);
   }
-  if (std::ferror(file.get())) return ErrnoError("cannot read", path);
+  if (std::ferror(file.get())) return ErrnoStatus("cannot read", path);
   return contents;
 }
 
@@ -82,7 +94,7 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     ssize_t n = write(fd, contents.data() + written, contents.size() - written);
     if (n < 0) {
       if (errno == EINTR) continue;
-      absl::Status status = ErrnoError("cannot write", temp_path);
+      absl::Status status = ErrnoStatus("cannot write", temp_path);
       close(fd);
       unlink(temp_path.c_str());
       return status;
@@ -103,7 +115,7 @@ absl::StatusOr<std::unique_ptr<AtomicOutputFile>> AtomicOutputFile::Create(
   if (file == nullptr) {
     close(temp->second);
     unlink(temp->first.c_str());
-    return ErrnoError("cannot open", temp->first);
+    return ErrnoStatus("cannot open", temp->first);
   }
   return std::unique_ptr<AtomicOutputFile>(new AtomicOutputFile(path, temp->first, file));
 }
@@ -121,14 +133,14 @@ AtomicOutputFile::~AtomicOutputFile() {
 absl::Status AtomicOutputFile::Append(absl::string_view data) {
   if (file_ == nullptr) return absl::FailedPreconditionError("file already committed");
   if (std::fwrite(data.data(), 1, data.size(), file_) != data.size()) {
-    return ErrnoError("cannot write", temp_path_);
+    return ErrnoStatus("cannot write", temp_path_);
   }
   return absl::OkStatus();
 }
 
 absl::Status AtomicOutputFile::Commit() {
   if (file_ == nullptr) return absl::FailedPreconditionError("file already committed");
-  if (std::fflush(file_) != 0) return ErrnoError("cannot flush", temp_path_);
+  if (std::fflush(file_) != 0) return ErrnoStatus("cannot flush", temp_path_);
   absl::Status status = SyncAndRename(fileno(file_), temp_path_, path_);
   std::fclose(file_);
   file_ = nullptr;

@@ -15,6 +15,16 @@ namespace specstream {
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
+// A status for the current errno: "<what> <path>: <strerror>", NotFound for
+// ENOENT, PermissionDenied for EACCES/EPERM, Internal otherwise.
+absl::Status ErrnoStatus(absl::string_view what, const std::string& path);
+
+// fsync a directory so entries created or renamed in it survive a crash.
+absl::Status FsyncDirectory(const std::string& dir);
+
+// mkdtemp(prefix + "XXXXXX"); returns the directory created.
+absl::StatusOr<std::string> MakeTempDirectory(const std::string& prefix);
+
 // Writes `contents` to a temporary file beside `path`, fsyncs it, and renames
 // it over `path`. On any failure `path` is untouched and no temporary is left.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);

@@ -1,12 +1,12 @@
 #include "student/checkpoint.h"
 
 #include <fcntl.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -38,29 +38,6 @@ constexpr char kTmpPrefix[] = ".tmp-";
 
 std::string RngFileName(int rank) { return absl::StrCat("rng-rank-", rank, ".bin"); }
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  int err = errno;
-  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(message);
-  return absl::InternalError(message);
-}
-
-// fsync a directory so the entries created or renamed in it survive a crash.
-absl::Status FsyncDir(const std::string& dir) {
-  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return ErrnoError("cannot open directory", dir);
-  int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) return ErrnoError("cannot fsync directory", dir);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> MakeTempDir(const std::string& prefix) {
-  std::string path = prefix + "XXXXXX";
-  if (mkdtemp(path.data()) == nullptr) return ErrnoError("cannot create directory", prefix);
-  return path;
-}
-
 void RemoveAllQuietly(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
@@ -83,7 +60,9 @@ absl::StatusOr<std::string> SerializeTensors(const std::map<std::string, torch::
   SafetensorsWriter writer;
   writer.SetMetadata("format", kFormat);
   writer.SetMetadata("step", absl::StrCat(step));
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.first;
+    const torch::Tensor& tensor = entry.second;
     if (!tensor.defined()) {
       return absl::InvalidArgumentError(absl::StrCat(what, " tensor ", name, ": undefined"));
     }
@@ -189,9 +168,9 @@ absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& con
   const std::string name = CheckpointDirName(step);
   const std::string final_dir = StepDir(step);
   ASSIGN_OR_RETURN(std::string tmp_dir,
-                   MakeTempDir(absl::StrCat(root(), "/", kTmpPrefix, name, "-")));
+                   MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, name, "-")));
   std::string replaced;  // An older step-N moved aside, removed at the end.
-  auto fail = [&](absl::Status status) {
+  auto fail = [&](const absl::Status& status) {
     RemoveAllQuietly(tmp_dir);
     return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
   };
@@ -206,7 +185,7 @@ absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& con
   // The manifest goes last: a directory with a valid manifest has every file.
   absl::Status status =
       WriteFileAtomically(absl::StrCat(tmp_dir, "/", kManifestFile), manifest.dump(2) + "\n");
-  if (status.ok()) status = FsyncDir(tmp_dir);
+  if (status.ok()) status = FsyncDirectory(tmp_dir);
   if (!status.ok()) return fail(status);
   if (CrashAt("tmp_written")) return absl::AbortedError("checkpoint: simulated crash");
 
@@ -214,19 +193,19 @@ absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& con
   if (lstat(final_dir.c_str(), &st) == 0) {
     // rename(2) cannot replace a non-empty directory: move the old one aside
     // (onto an empty temporary, which rename may replace) first.
-    auto aside = MakeTempDir(absl::StrCat(root(), "/", kTmpPrefix, "replaced-", name, "-"));
+    auto aside = MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, "replaced-", name, "-"));
     if (!aside.ok()) return fail(aside.status());
     if (rename(final_dir.c_str(), aside->c_str()) != 0) {
-      absl::Status error = ErrnoError("cannot move aside", final_dir);
+      absl::Status error = ErrnoStatus("cannot move aside", final_dir);
       RemoveAllQuietly(*aside);
       return fail(error);
     }
     replaced = *aside;
   }
   if (rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-    return fail(ErrnoError("cannot rename into", final_dir));
+    return fail(ErrnoStatus("cannot rename into", final_dir));
   }
-  status = FsyncDir(root());
+  status = FsyncDirectory(root());
   if (!status.ok()) return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
   if (CrashAt("renamed")) return absl::AbortedError("checkpoint: simulated crash");
 
@@ -246,11 +225,11 @@ absl::Status CheckpointManager::Prune(int64_t just_saved) const {
   }
   // Newest first; the one just saved counts towards keep_last.
   std::sort(older.rbegin(), older.rend());
-  for (size_t i = static_cast<size_t>(options_.keep_last - 1); i < older.size(); ++i) {
+  for (auto i = static_cast<size_t>(options_.keep_last - 1); i < older.size(); ++i) {
     // Rename first so a crash mid-removal leaves a .tmp-* (cleaned by Create),
     // never a step directory with some of its files.
     const std::string dir = StepDir(older[i]);
-    auto doomed = MakeTempDir(absl::StrCat(root(), "/", kTmpPrefix, "pruned-"));
+    auto doomed = MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, "pruned-"));
     if (!doomed.ok() || rename(dir.c_str(), doomed->c_str()) != 0) {
       SS_LOG_WARN("checkpoint: cannot prune {}", dir);
       if (doomed.ok()) RemoveAllQuietly(*doomed);
@@ -291,7 +270,7 @@ absl::Status CheckpointManager::CheckComplete(int64_t step) const {
     }
     std::string path = absl::StrCat(dir, "/", file);
     struct stat st;
-    if (stat(path.c_str(), &st) != 0) return in_dir(ErrnoError("missing", path));
+    if (stat(path.c_str(), &st) != 0) return in_dir(ErrnoStatus("missing", path));
     if (static_cast<uint64_t>(st.st_size) != size.get<uint64_t>()) {
       return in_dir(absl::DataLossError(
           absl::StrCat(file, ": ", st.st_size, " bytes, expected ", size.get<uint64_t>())));

@@ -6,6 +6,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "student/soft_cross_entropy.h"
 #include "student/ttt_attention.h"
 
 namespace specstream::student {
@@ -231,23 +232,25 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
       torch::Tensor h_next = h + a;
       h_next = h_next + nn::SwiGluMlp(nn::RmsNorm(h_next, post_ln, eps), gate, up, down);
 
-      torch::Tensor logits =
-          torch::linear(nn::RmsNorm(h_next, norm, eps), head).to(torch::kFloat32);
-      torch::Tensor valid = ValidMask(batch, in_vocab, k);
-      torch::Tensor target_logp = ShiftLeft(teacher_logp, k + 1);
-      // Soft cross-entropy −Σ_v p log q; p = exp(teacher log-probs).
-      torch::Tensor ce = -(target_logp.exp() * torch::log_softmax(logits, -1)).sum(-1);
-      torch::Tensor loss_sum = (ce * valid).sum();
+      // Position t predicts p[t+k+1]: only t < T-k-1 can be valid.
+      const int64_t rows = t - k - 1;
       const double denominator = static_cast<double>(std::max<int64_t>(1, valid_denominators[k]));
-      weighted = weighted + loss_sum * (decay / denominator);
-      decay *= 0.8;
-      {
-        torch::NoGradGuard no_grad;
-        torch::Tensor match = logits.argmax(-1) == ShiftLeft(teacher_argmax, k + 1);
-        out.correct.push_back((match & valid).sum().item<int64_t>());
+      if (rows > 0) {
+        torch::Tensor valid = ValidMask(batch, in_vocab, k).narrow(1, 0, rows);
+        SoftCrossEntropyResult ce = FusedSoftCrossEntropy(
+            nn::RmsNorm(h_next, norm, eps).narrow(1, 0, rows), head,
+            teacher_logp.narrow(1, k + 1, rows), teacher_argmax.narrow(1, k + 1, rows),
+            valid.to(torch::kFloat32));
+        weighted = weighted + ce.loss * (decay / denominator);
+        out.correct.push_back(ce.correct.item<int64_t>());
         out.valid.push_back(valid.sum().item<int64_t>());
-        out.loss_sum.push_back(loss_sum.item<double>());
+        out.loss_sum.push_back(ce.loss.item<double>());
+      } else {
+        out.correct.push_back(0);
+        out.valid.push_back(0);
+        out.loss_sum.push_back(0.0);
       }
+      decay *= 0.8;
       h = h_next;
     }
     out.weighted_loss = weighted;

@@ -1,17 +1,18 @@
 #include "student/export.h"
 
 #include <fcntl.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file.h"
@@ -199,7 +200,7 @@ absl::Status CheckTensor(const Expected& e, const torch::Tensor& t) {
 absl::Status CheckVocabMap(const ExportConfig& c, const torch::Tensor& d2t,
                            const torch::Tensor& t2d) {
   torch::Tensor t2d_bool = t2d.to(torch::kCPU).to(torch::kBool);
-  int64_t marked = t2d_bool.sum().item<int64_t>();
+  auto marked = t2d_bool.sum().item<int64_t>();
   if (marked != c.draft_vocab_size) {
     return TensorError(
         "t2d", absl::StrCat(marked, " ids marked, expected draft_vocab_size ", c.draft_vocab_size));
@@ -226,24 +227,10 @@ absl::Status CheckVocabMap(const ExportConfig& c, const torch::Tensor& d2t,
   return absl::OkStatus();
 }
 
-absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  int err = errno;
-  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(err)));
-}
-
 void RemoveAllQuietly(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
   if (ec) SS_LOG_WARN("export: cannot remove {}: {}", path, ec.message());
-}
-
-absl::Status FsyncDir(const std::string& dir) {
-  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return ErrnoError("cannot open directory", dir);
-  int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) return ErrnoError("cannot fsync directory", dir);
-  return absl::OkStatus();
 }
 
 // An existing output directory may be replaced only when it holds nothing but
@@ -301,7 +288,7 @@ absl::Status ValidateExport(const ExportInput& in) {
   for (const Expected& e : expected) known.insert(e.name);
   for (const auto& [name, tensor] : in.tensors) {
     if (known.count(name) == 0) {
-      return TensorError(name, name.find("embed_tokens") != std::string::npos
+      return TensorError(name, absl::StrContains(name, "embed_tokens")
                                    ? "not exported (the servers share the target's embeddings)"
                                    : "not part of an EAGLE-3 export");
     }
@@ -396,33 +383,33 @@ absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir_arg) 
         absl::StrCat("export: cannot create ", parent.string(), ": ", ec.message()));
   }
   std::string tmp = out_dir + ".tmp-XXXXXX";
-  if (mkdtemp(tmp.data()) == nullptr) return ErrnoError("export: cannot create", tmp);
+  if (mkdtemp(tmp.data()) == nullptr) return ErrnoStatus("export: cannot create", tmp);
   auto fail = [&](const absl::Status& status) {
     RemoveAllQuietly(tmp);
     return Annotate(status, absl::StrCat("export to ", out_dir));
   };
   absl::Status status = WriteFileAtomically(tmp + "/" + kModelFile, model_bytes);
   if (status.ok()) status = WriteFileAtomically(tmp + "/" + kConfigFile, config_text);
-  if (status.ok()) status = FsyncDir(tmp);
+  if (status.ok()) status = FsyncDirectory(tmp);
   if (!status.ok()) return fail(status);
 
   std::string old;
   if (fs::exists(out_dir, ec)) {
     old = out_dir + ".old-XXXXXX";
-    if (mkdtemp(old.data()) == nullptr) return fail(ErrnoError("cannot create", old));
+    if (mkdtemp(old.data()) == nullptr) return fail(ErrnoStatus("cannot create", old));
     // rename(2) may replace the empty directory just made.
     if (rename(out_dir.c_str(), old.c_str()) != 0) {
-      absl::Status error = ErrnoError("cannot move aside", out_dir);
+      absl::Status error = ErrnoStatus("cannot move aside", out_dir);
       RemoveAllQuietly(old);
       return fail(error);
     }
   }
   if (rename(tmp.c_str(), out_dir.c_str()) != 0) {
-    absl::Status error = ErrnoError("cannot rename into", out_dir);
+    absl::Status error = ErrnoStatus("cannot rename into", out_dir);
     if (!old.empty()) rename(old.c_str(), out_dir.c_str());  // Put the old one back.
     return fail(error);
   }
-  (void)FsyncDir(parent.empty() ? "." : parent.string());
+  (void)FsyncDirectory(parent.empty() ? "." : parent.string());
   if (!old.empty()) RemoveAllQuietly(old);
   SS_LOG_INFO("export: wrote {} ({} tensors, {})", out_dir, ExpectedTensors(in.config).size(),
               in.config.torch_dtype);

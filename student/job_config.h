@@ -54,7 +54,7 @@ absl::StatusOr<specstream::v1::JobSpec> LoadJobSpec(const std::string& path);
 // error `spec` may be partly defaulted. Idempotent on a valid spec.
 absl::Status ValidateJobSpec(specstream::v1::JobSpec& spec);
 
-// The YAML -> JSON step alone (exposed for tests and the CLI's `--print`).
+// The YAML -> JSON step alone (exposed for tests and tools).
 absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text);
 
 // A stable 16-hex-digit fingerprint of a (validated) spec: FNV-1a 64 over its

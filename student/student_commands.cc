@@ -84,7 +84,10 @@ absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_fu
     }
     step = parsed;
   }
-  ASSIGN_OR_RETURN(auto manager, CheckpointManager::Create({root, 0, {}}));
+  CheckpointOptions options;
+  options.root = root;
+  options.read_only = true;
+  ASSIGN_OR_RETURN(auto manager, CheckpointManager::Create(options));
   if (!step) {
     ASSIGN_OR_RETURN(step, manager->LatestStep());
     if (!step) return absl::NotFoundError(absl::StrCat("no checkpoint in ", root));

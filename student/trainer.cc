@@ -19,6 +19,7 @@
 #include "student/export.h"
 #include "student/sampler.h"
 #include "student/student_commands.h"
+#include "student/tensorboard.h"
 
 namespace specstream::student {
 namespace {
@@ -89,6 +90,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.keep_last = spec.checkpoint().keep_last();
   c.export_dir = spec.export_().dir();
   c.metrics_jsonl = spec.metrics().jsonl();
+  c.tensorboard_dir = spec.metrics().tensorboard_dir();
   if (spec.parallel().cp_size() > 1) {
     return absl::UnimplementedError(
         "parallel.cp_size > 1: context parallelism is not available in this build yet");
@@ -209,6 +211,9 @@ absl::Status Trainer::Init() {
               rank_, world_size_, source_->size(), steps_per_epoch_, total_steps_,
               map.draft_vocab(), c.ttt_steps);
   if (c.resume) RETURN_IF_ERROR(TryResume());
+  if (!c.tensorboard_dir.empty() && rank_ == 0) {
+    ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Create(c.tensorboard_dir));
+  }
   return absl::OkStatus();
 }
 
@@ -410,6 +415,18 @@ void Trainer::Log(const StepMetrics& m) {
     std::ofstream out(config_.metrics_jsonl, std::ios::app);
     out << line.dump() << "\n";
   }
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, double>> scalars = {
+        {"train/loss", m.loss}, {"train/sim_accept_len", m.sim_accept_len},
+        {"train/lr", m.lr}, {"train/grad_norm", m.grad_norm},
+        {"train/tokens_per_s", m.tokens_per_second}};
+    for (size_t k = 0; k < m.acc_k.size(); ++k) {
+      scalars.emplace_back(absl::StrCat("train/acc_", k), m.acc_k[k]);
+      scalars.emplace_back(absl::StrCat("train/loss_", k), m.loss_k[k]);
+    }
+    absl::Status s = tensorboard_->WriteScalars(m.step, scalars);
+    if (!s.ok()) SS_LOG_WARN("tensorboard: {}", std::string(s.message()));
+  }
 }
 
 absl::Status Trainer::RunSteps(int64_t n) {
@@ -496,9 +513,12 @@ absl::Status Trainer::SaveCheckpoint() {
 }
 
 absl::Status Trainer::TryResume() {
-  ASSIGN_OR_RETURN(
-      auto manager,
-      CheckpointManager::Create({config_.checkpoint_dir, static_cast<int>(config_.keep_last), {}}));
+  // Only rank 0 may clean up leftovers; the others read.
+  CheckpointOptions options;
+  options.root = config_.checkpoint_dir;
+  options.keep_last = static_cast<int>(config_.keep_last);
+  options.read_only = rank_ != 0;
+  ASSIGN_OR_RETURN(auto manager, CheckpointManager::Create(options));
   ASSIGN_OR_RETURN(std::optional<int64_t> latest, manager->LatestStep());
   if (!latest) {
     SS_LOG_INFO("resume: no checkpoint in {}, starting from step 0", config_.checkpoint_dir);

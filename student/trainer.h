@@ -59,6 +59,7 @@ struct TrainerConfig {
   int64_t keep_last = 0;
   std::string export_dir;
   std::string metrics_jsonl;
+  std::string tensorboard_dir;  // event files when set (rank 0)
   bool resume = false;
   int progress_terminal = -1;
 };
@@ -120,6 +121,7 @@ class Trainer final {
   std::vector<std::vector<int64_t>> cached_plan_;
   std::vector<StepMetrics> history_;
   std::vector<int> capture_;
+  std::unique_ptr<class TensorBoardWriter> tensorboard_;
 };
 
 // The trainer settings of a validated job spec (ValidateJobSpec first).

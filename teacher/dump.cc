@@ -31,16 +31,6 @@ int64_t CountRecords(const std::string& path) {
   return n;
 }
 
-TensorView View(const std::string& name, const torch::Tensor& t) {
-  TensorView view;
-  view.name = name;
-  view.dtype = *FromTorchDtype(t.scalar_type());
-  view.shape = ShapeOf(t);
-  view.data = static_cast<const uint8_t*>(t.data_ptr());
-  view.nbytes = t.nbytes();
-  return view;
-}
-
 }  // namespace
 
 nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids,
@@ -131,12 +121,12 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
                                             torch::kUInt8);
       torch::Tensor aux = captures[i].aux_hidden.to(ToTorchDtype(store_dtype)).contiguous();
       torch::Tensor last = captures[i].last_hidden.to(ToTorchDtype(store_dtype)).contiguous();
-      std::vector<TensorView> views = {View("input_ids", ids), View("loss_mask", mask),
-                                       View("aux_hidden", aux), View("last_hidden", last)};
+      std::vector<TensorView> views = {ViewOf("input_ids", ids), ViewOf("loss_mask", mask),
+                                       ViewOf("aux_hidden", aux), ViewOf("last_hidden", last)};
       torch::Tensor target;
       if (options.keep_target_ids) {
         target = captures[i].target_ids.contiguous();
-        views.push_back(View("target_ids", target));
+        views.push_back(ViewOf("target_ids", target));
       }
       RETURN_IF_ERROR(Annotate(writer->Add(batch[i].id, views), absl::StrCat("sample ", batch[i].id)));
       ++summary.samples_written;

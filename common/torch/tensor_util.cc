@@ -52,6 +52,16 @@ absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view,
   return out;
 }
 
+TensorView ViewOf(std::string name, const torch::Tensor& t) {
+  TensorView view;
+  view.name = std::move(name);
+  view.dtype = FromTorchDtype(t.scalar_type()).value_or(DType::kU8);
+  view.shape = ShapeOf(t);
+  view.data = static_cast<const uint8_t*>(t.data_ptr());
+  view.nbytes = t.nbytes();
+  return view;
+}
+
 absl::Status AddTensor(SafetensorsWriter& writer, const std::string& name,
                        const torch::Tensor& tensor) {
   auto dtype = FromTorchDtype(tensor.scalar_type());

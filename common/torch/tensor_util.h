@@ -28,6 +28,9 @@ absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view,
 // Read-only by contract (the mapping is PROT_READ).
 torch::Tensor BorrowView(const TensorView& view);
 
+// A TensorView of a contiguous CPU tensor (valid while `t` lives).
+TensorView ViewOf(std::string name, const torch::Tensor& t);
+
 // Adds a CPU tensor (made contiguous) to a safetensors writer.
 absl::Status AddTensor(SafetensorsWriter& writer, const std::string& name,
                        const torch::Tensor& tensor);

@@ -1,0 +1,88 @@
+#include "student/soft_cross_entropy.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace specstream::student {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const torch::Tensor& target_logp,
+                               const torch::Tensor& target_argmax,
+                               const torch::Tensor& row_weight, int64_t chunk_rows) {
+    torch::NoGradGuard no_grad;
+    const int64_t b = hidden.size(0), l = hidden.size(1);
+    const torch::Tensor w32 = weight.to(torch::kFloat32);
+    torch::Tensor loss = torch::zeros({}, torch::kFloat64);
+    torch::Tensor correct = torch::zeros({}, torch::kInt64);
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t start = 0; start < l; start += chunk_rows) {
+        const int64_t rows = std::min(chunk_rows, l - start);
+        torch::Tensor rw = row_weight[i].narrow(0, start, rows);
+        if (!rw.ne(0).any().item<bool>()) continue;
+        torch::Tensor logits =
+            torch::matmul(hidden[i].narrow(0, start, rows).to(torch::kFloat32), w32.t());
+        torch::Tensor logq = torch::log_softmax(logits, -1);
+        torch::Tensor p_log = target_logp[i].narrow(0, start, rows);
+        torch::Tensor ce = -(p_log.exp() * logq).sum(-1);
+        loss += (ce * rw).sum().to(torch::kFloat64);
+        torch::Tensor hit = logits.argmax(-1).eq(target_argmax[i].narrow(0, start, rows));
+        correct += (hit & rw.ne(0)).sum();
+      }
+    }
+    ctx->save_for_backward({hidden, weight, target_logp, row_weight});
+    ctx->saved_data["chunk_rows"] = chunk_rows;
+    ctx->mark_non_differentiable({correct});
+    return {loss.to(torch::kFloat32), correct};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    torch::NoGradGuard no_grad;
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor& hidden = saved[0];
+    const torch::Tensor& weight = saved[1];
+    const torch::Tensor& target_logp = saved[2];
+    const torch::Tensor& row_weight = saved[3];
+    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const torch::Tensor scale = grads[0].to(torch::kFloat32);
+    const int64_t b = hidden.size(0), l = hidden.size(1);
+    const torch::Tensor w32 = weight.to(torch::kFloat32);
+    torch::Tensor grad_hidden = torch::zeros_like(hidden);
+    torch::Tensor grad_weight = torch::zeros(weight.sizes(), torch::kFloat32);
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t start = 0; start < l; start += chunk_rows) {
+        const int64_t rows = std::min(chunk_rows, l - start);
+        torch::Tensor rw = row_weight[i].narrow(0, start, rows);
+        if (!rw.ne(0).any().item<bool>()) continue;
+        torch::Tensor h = hidden[i].narrow(0, start, rows).to(torch::kFloat32);
+        torch::Tensor q = torch::softmax(torch::matmul(h, w32.t()), -1);
+        // d/dlogits of −Σ p log softmax = softmax − p (Σ p = 1), per row weight.
+        torch::Tensor g = (q - target_logp[i].narrow(0, start, rows).exp()) *
+                          (rw * scale).unsqueeze(1);
+        grad_hidden[i].narrow(0, start, rows).copy_(torch::matmul(g, w32));
+        grad_weight.addmm_(g.t(), h);
+      }
+    }
+    return {grad_hidden, grad_weight.to(weight.scalar_type()), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+SoftCrossEntropyResult FusedSoftCrossEntropy(const torch::Tensor& hidden,
+                                             const torch::Tensor& weight,
+                                             const torch::Tensor& target_logp,
+                                             const torch::Tensor& target_argmax,
+                                             const torch::Tensor& row_weight,
+                                             int64_t chunk_rows) {
+  variable_list out =
+      FusedSoftCe::apply(hidden, weight, target_logp, target_argmax, row_weight, chunk_rows);
+  return {out[0], out[1]};
+}
+
+}  // namespace specstream::student

@@ -1,0 +1,202 @@
+// Draft training throughput and peak memory against sequence length, for a
+// draft with hidden 1024 (8 heads of 128, MLP 2816) trained from a synthetic
+// store. Each length runs in a fresh child process so peak RSS (VmHWM) is
+// its own. Reports tokens/s, training FLOP/s as a fraction of plain bf16
+// matmul FLOP/s measured in the same run, and the extra memory over the
+// process baseline; fails when memory grows super-linearly (8k extra memory
+// over 1k extra memory > 1.5 × 8).
+//
+//   student_bench [--lengths 1024,2048,4096,8192] [--ttt 2] [--draft-vocab 8000]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/offline_store.h"
+#include "common/torch/tensor_util.h"
+#include "student/trainer.h"
+#include "teacher/dump.h"
+#include "teacher/init_random.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kHidden = 1024, kVocab = 32000, kLayers = 8;
+
+int64_t StatusKb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key));
+  }
+  return 0;
+}
+
+// Child: set up, train 2 steps on one sample of `length` tokens, print
+// "length tokens_per_s extra_mib".
+int RunChild(const std::string& dir, int64_t length, int ttt, int64_t draft_vocab) {
+  specstream::student::TrainerConfig c;
+  c.store = dir + "/store-" + std::to_string(length);
+  c.target_dir = dir + "/target";
+  c.draft_vocab_size = draft_vocab;
+  c.intermediate_size = 2816;
+  c.max_steps = 2;
+  c.batch_size = 1;
+  c.ttt_steps = ttt;
+  c.dtype = torch::kBFloat16;
+  c.log_every = 0;
+  c.progress_terminal = 0;
+  auto trainer = specstream::student::Trainer::Create(c, 0, 1, {});
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(trainer.status().message()).c_str());
+    return 1;
+  }
+  const int64_t base_kb = StatusKb("VmRSS:");
+  if (!(*trainer)->RunSteps(1).ok()) return 1;  // warm-up
+  auto start = Clock::now();
+  if (!(*trainer)->RunSteps(1).ok()) return 1;
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("%ld %.1f %.1f %.3f\n", static_cast<long>(length), length / seconds,
+              (StatusKb("VmHWM:") - base_kb) / 1024.0, seconds);
+  return 0;
+}
+
+// A store of one sample of `length` tokens with random hidden states.
+bool WriteStore(const std::string& path, int64_t length) {
+  specstream::teacher::ModelDescription model;
+  model.model_type = "llama";
+  model.hidden_size = kHidden;
+  model.vocab_size = kVocab;
+  model.num_layers = kLayers;
+  model.capture_layer_ids = {1, 3, 4};
+  auto writer = specstream::StoreWriter::Open(
+      path, specstream::teacher::DumpContract(model, true, specstream::DType::kBF16));
+  if (!writer.ok()) return false;
+  torch::manual_seed(length);
+  torch::Tensor ids = torch::randint(kVocab, {length}, torch::kInt32);
+  torch::Tensor mask = torch::ones({length}, torch::kUInt8);
+  torch::Tensor aux = torch::randn({length, 3 * kHidden}).to(torch::kBFloat16);
+  torch::Tensor last = torch::randn({length, kHidden}).to(torch::kBFloat16);
+  torch::Tensor target = torch::randint(kVocab, {length}, torch::kInt32);
+  if (!(*writer)->Add(0, {specstream::ViewOf("input_ids", ids), specstream::ViewOf("loss_mask", mask), specstream::ViewOf("aux_hidden", aux),
+                          specstream::ViewOf("last_hidden", last), specstream::ViewOf("target_ids", target)})
+           .ok()) {
+    return false;
+  }
+  return (*writer)->Finish().ok();
+}
+
+double MatmulFlops() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor a = torch::randn({2048, kHidden}).to(torch::kBFloat16);
+  torch::Tensor b = torch::randn({2816, kHidden}).to(torch::kBFloat16);
+  torch::linear(a, b);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    auto start = Clock::now();
+    for (int i = 0; i < 4; ++i) torch::linear(a, b);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / 4);
+  }
+  return 2.0 * 2048 * kHidden * 2816 / best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> lengths = {1024, 2048, 4096, 8192};
+  int ttt = 2;
+  int64_t draft_vocab = 8000;
+  std::string child_dir;
+  int64_t child_length = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--lengths") {
+      lengths.clear();
+      for (absl::string_view p : absl::StrSplit(value, ',')) {
+        int64_t v;
+        if (absl::SimpleAtoi(p, &v)) lengths.push_back(v);
+      }
+    }
+    if (flag == "--ttt") ttt = std::atoi(value.c_str());
+    if (flag == "--draft-vocab") draft_vocab = std::atoll(value.c_str());
+    if (flag == "--child-dir") child_dir = value;
+    if (flag == "--child-length") child_length = std::atoll(value.c_str());
+  }
+  specstream::LoggingOptions logging;
+  logging.role = "bench";
+  logging.level = "warn";
+  specstream::InitLogging(logging);
+  if (!child_dir.empty()) return RunChild(child_dir, child_length, ttt, draft_vocab);
+
+  std::string dir = (std::filesystem::temp_directory_path() / "specstream-student-bench").string();
+  std::filesystem::remove_all(dir);
+  specstream::teacher::InitRandomOptions init;
+  init.arch = "llama";
+  init.layers = kLayers;
+  init.hidden = kHidden;
+  init.heads = 8;
+  init.kv_heads = 8;
+  init.intermediate = 64;  // the target's MLPs are never run here
+  init.vocab = kVocab;
+  init.max_position = 16384;
+  init.out = dir + "/target";
+  if (!specstream::teacher::WriteRandomCheckpoint(init).ok()) return 1;
+  for (int64_t length : lengths) {
+    if (!WriteStore(dir + "/store-" + std::to_string(length), length)) return 1;
+  }
+  const double matmul = MatmulFlops();
+  // Training FLOPs per token: forward + backward (3×) of the draft layer
+  // (q/k/v from 2H, o, MLP) and lm_head per TTT step, plus the teacher
+  // logits once; attention terms are left out (a lower bound).
+  const double layer = 2.0 * (2 * kHidden * 3 * kHidden + kHidden * kHidden + 3.0 * kHidden * 2816);
+  const double head = 2.0 * kHidden * draft_vocab;
+  const double flops_per_token = 3.0 * ttt * (layer + head) + head;
+
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string exe(self, n > 0 ? n : 0);
+  std::printf("student_bench: draft hidden %ld, draft vocab %ld, K=%d, bf16; matmul %.1f GFLOP/s\n",
+              static_cast<long>(kHidden), static_cast<long>(draft_vocab), ttt, matmul / 1e9);
+  std::printf("%8s %12s %14s %10s %12s\n", "tokens", "tokens/s", "step seconds", "fraction",
+              "extra MiB");
+  std::vector<double> extra;
+  for (int64_t length : lengths) {
+    std::string command = exe + " --child-dir " + dir + " --child-length " +
+                          std::to_string(length) + " --ttt " + std::to_string(ttt) +
+                          " --draft-vocab " + std::to_string(draft_vocab);
+    FILE* pipe = popen(command.c_str(), "r");
+    long len = 0;
+    double tps = 0, mib = 0, seconds = 0;
+    if (pipe == nullptr || std::fscanf(pipe, "%ld %lf %lf %lf", &len, &tps, &mib, &seconds) != 4) {
+      std::fprintf(stderr, "student_bench: child for %ld tokens failed\n", static_cast<long>(length));
+      if (pipe) pclose(pipe);
+      return 1;
+    }
+    pclose(pipe);
+    std::printf("%8ld %12.0f %14.2f %10.2f %12.0f\n", len, tps, seconds,
+                tps * flops_per_token / matmul, mib);
+    extra.push_back(mib);
+  }
+  std::filesystem::remove_all(dir);
+  if (extra.size() >= 2) {
+    const double length_ratio = static_cast<double>(lengths.back()) / lengths.front();
+    const double memory_ratio = extra.back() / std::max(extra.front(), 1.0);
+    std::printf("student_bench: extra memory x%.2f for length x%.0f\n", memory_ratio, length_ratio);
+    if (memory_ratio > 1.5 * length_ratio) {
+      std::printf("student_bench: FAIL memory grows super-linearly\n");
+      return 1;
+    }
+  }
+  std::printf("student_bench: OK memory grows linearly\n");
+  return 0;
+}
