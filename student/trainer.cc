@@ -196,6 +196,7 @@ absl::Status Trainer::Init() {
       draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed, !source_->has_target_ids()));
   RETURN_IF_ERROR(BroadcastParameters());
   optimizer_ = std::make_unique<AdamW>(draft_->parameters(), c.adamw);
+  SetUpGradientBuckets();
 
   ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(0));
   steps_per_epoch_ = static_cast<int64_t>(plan.size());
@@ -281,48 +282,82 @@ absl::Status Trainer::BroadcastParameters() {
   return absl::OkStatus();
 }
 
+void Trainer::SetUpGradientBuckets() {
+  if (world_size_ == 1) return;
+  // Gradients become ready roughly in reverse order of use, so buckets are
+  // filled from the last parameter backwards. Each parameter's hook copies
+  // its gradient into the bucket's flat buffer; the bucket's all-reduce
+  // starts as soon as its last gradient arrives, overlapping the rest of the
+  // backward pass.
+  const auto& params = draft_->parameters();
+  buckets_.clear();
+  int64_t filled = 0;
+  for (int64_t i = static_cast<int64_t>(params.size()) - 1; i >= 0; --i) {
+    const int64_t numel = params[i].second.numel();
+    if (buckets_.empty() || (filled > 0 && filled + numel > kBucketElements)) {
+      buckets_.emplace_back();
+      filled = 0;
+    }
+    GradBucket& bucket = buckets_.back();
+    bucket.params.push_back(static_cast<size_t>(i));
+    bucket.offsets.push_back(filled);
+    filled += numel;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    GradBucket& bucket = buckets_[b];
+    int64_t total = 0;
+    for (size_t j = 0; j < bucket.params.size(); ++j) total += params[bucket.params[j]].second.numel();
+    bucket.flat = torch::zeros({total}, torch::kFloat32);
+    for (size_t j = 0; j < bucket.params.size(); ++j) {
+      torch::Tensor param = params[bucket.params[j]].second;
+      const int64_t offset = bucket.offsets[j];
+      param.register_hook([this, b, offset](torch::Tensor grad) {
+        GradBucket& target = buckets_[b];
+        target.flat.narrow(0, offset, grad.numel()).copy_(grad.reshape({-1}));
+        if (--target.pending == 0) {
+          std::vector<torch::Tensor> flat{target.flat};
+          target.work = group_->allreduce(flat);
+        }
+      });
+    }
+  }
+}
+
+void Trainer::PrepareGradientBuckets() {
+  for (GradBucket& bucket : buckets_) {
+    bucket.flat.zero_();
+    bucket.pending = static_cast<int64_t>(bucket.params.size());
+    bucket.work.reset();
+  }
+}
+
 absl::Status Trainer::SyncGradients() {
   if (world_size_ == 1) return absl::OkStatus();
   torch::NoGradGuard no_grad;
-  // Buckets of flattened gradients, all in flight at once, then scattered
-  // back. The loss is already normalised globally, so the reduction is a sum.
-  std::vector<torch::Tensor> grads;
-  for (auto& [name, p] : draft_->parameters()) {
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    grads.push_back(p.grad());
-  }
-  std::vector<std::vector<torch::Tensor>> buckets(1);
-  int64_t filled = 0;
-  for (const torch::Tensor& g : grads) {
-    if (filled > 0 && filled + g.numel() > kBucketElements) {
-      buckets.emplace_back();
-      filled = 0;
-    }
-    buckets.back().push_back(g);
-    filled += g.numel();
-  }
-  std::vector<torch::Tensor> flats;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  RETURN_IF_ERROR(CatchTorch("gradient all_reduce", [&] {
-    for (const auto& bucket : buckets) {
-      std::vector<torch::Tensor> flat_list{torch::cat([&] {
-        std::vector<torch::Tensor> views;
-        for (const auto& g : bucket) views.push_back(g.reshape({-1}));
-        return views;
-      }())};
-      flats.push_back(flat_list[0]);
-      works.push_back(group_->allreduce(flat_list));
-    }
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      works[b]->wait();
-      int64_t offset = 0;
-      for (auto& g : buckets[b]) {
-        g.copy_(flats[b].narrow(0, offset, g.numel()).view_as(g));
-        offset += g.numel();
+  // The loss is already normalised by the global count, so the reduction is
+  // a sum. Buckets whose parameters did not all receive a gradient this step
+  // are reduced now (their missing parts are zeros).
+  return CatchTorch("gradient all_reduce", [&] {
+    const auto& params = draft_->parameters();
+    for (GradBucket& bucket : buckets_) {
+      if (!bucket.work) {
+        std::vector<torch::Tensor> flat{bucket.flat};
+        bucket.work = group_->allreduce(flat);
       }
     }
-  }));
-  return absl::OkStatus();
+    for (GradBucket& bucket : buckets_) {
+      bucket.work->wait();
+      for (size_t j = 0; j < bucket.params.size(); ++j) {
+        torch::Tensor param = params[bucket.params[j]].second;
+        torch::Tensor reduced = bucket.flat.narrow(0, bucket.offsets[j], param.numel()).view_as(param);
+        if (param.grad().defined()) {
+          param.mutable_grad().copy_(reduced);
+        } else {
+          param.mutable_grad() = reduced.clone();
+        }
+      }
+    }
+  });
 }
 
 absl::Status Trainer::TrainStep() {
@@ -346,6 +381,7 @@ absl::Status Trainer::TrainStep() {
   for (auto& [name, p] : draft_->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+  PrepareGradientBuckets();
   ASSIGN_OR_RETURN(TttOutputs out, draft_->Forward(batch, k_steps, global_valid, config_.dtype));
   RETURN_IF_ERROR(CatchTorch("backward", [&] { out.weighted_loss.backward(); }));
   RETURN_IF_ERROR(SyncGradients());

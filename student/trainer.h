@@ -99,6 +99,8 @@ class Trainer final {
   absl::StatusOr<std::vector<std::vector<int64_t>>> EpochPlan(int64_t epoch);
   absl::Status TrainStep();
   absl::Status AllReduce(torch::Tensor& t);
+  void SetUpGradientBuckets();
+  void PrepareGradientBuckets();
   absl::Status SyncGradients();
   absl::Status BroadcastParameters();
   absl::Status SaveCheckpoint();
@@ -121,6 +123,16 @@ class Trainer final {
   std::vector<std::vector<int64_t>> cached_plan_;
   std::vector<StepMetrics> history_;
   std::vector<int> capture_;
+  // DDP: flat gradient buckets reduced while backward runs (see
+  // SetUpGradientBuckets).
+  struct GradBucket {
+    std::vector<size_t> params;    // indices into draft_->parameters()
+    std::vector<int64_t> offsets;  // element offset of each in `flat`
+    torch::Tensor flat;
+    int64_t pending = 0;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<GradBucket> buckets_;
   std::unique_ptr<class TensorBoardWriter> tensorboard_;
 };
 
