@@ -24,7 +24,6 @@
 namespace specstream::student {
 namespace {
 
-constexpr int64_t kBucketElements = int64_t{4} << 20;  // 16 MiB of fp32 per all-reduce
 
 // Builds the vocab map from the masked tokens of every sample in the store
 // (deterministic, so every rank builds the same one).
@@ -294,7 +293,7 @@ void Trainer::SetUpGradientBuckets() {
   int64_t filled = 0;
   for (int64_t i = static_cast<int64_t>(params.size()) - 1; i >= 0; --i) {
     const int64_t numel = params[i].second.numel();
-    if (buckets_.empty() || (filled > 0 && filled + numel > kBucketElements)) {
+    if (buckets_.empty() || (filled > 0 && filled + numel > config_.ddp_bucket_elements)) {
       buckets_.emplace_back();
       filled = 0;
     }

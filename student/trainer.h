@@ -62,6 +62,8 @@ struct TrainerConfig {
   std::string tensorboard_dir;  // event files when set (rank 0)
   bool resume = false;
   int progress_terminal = -1;
+  // DDP gradient bucket size in fp32 elements (16 MiB by default).
+  int64_t ddp_bucket_elements = int64_t{4} << 20;
 };
 
 struct StepMetrics {

@@ -91,7 +91,13 @@ class TrainerTest : public ::testing::Test {
 
 specstream::testing::TempDir* TrainerTest::dir_ = nullptr;
 
-TEST_F(TrainerTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
+class TrainerDdpTest : public TrainerTest, public ::testing::WithParamInterface<int64_t> {};
+
+// Bucket sizes: one bucket for everything, and small buckets (several
+// all-reduces launched from backward hooks while backward still runs).
+INSTANTIATE_TEST_SUITE_P(Buckets, TrainerDdpTest, ::testing::Values(int64_t{4} << 20, 2048));
+
+TEST_P(TrainerDdpTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
   TrainerConfig single_config = Config();
   auto single = Trainer::Create(single_config, 0, 1, {});
   ASSERT_TRUE(single.ok()) << single.status();
@@ -99,6 +105,7 @@ TEST_F(TrainerTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
 
   TrainerConfig ddp_config = Config();
   ddp_config.batch_size = 2;
+  ddp_config.ddp_bucket_elements = GetParam();
   int port = 0;
   RendezvousOptions rendezvous;
   rendezvous.world_size = 2;
