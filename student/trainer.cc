@@ -414,7 +414,8 @@ absl::Status Trainer::TrainStep() {
   m.sim_accept_len = SimulatedAcceptLength(m.acc_k);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  m.tokens_per_second = metrics[2 * k_steps].item<double>() / std::max(seconds, 1e-9);
+  m.tokens = static_cast<int64_t>(metrics[2 * k_steps].item<double>());
+  m.tokens_per_second = static_cast<double>(m.tokens) / std::max(seconds, 1e-9);
   history_.push_back(m);
   if (rank_ == 0) Log(m);
   if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
@@ -477,11 +478,11 @@ absl::Status Trainer::Run() {
   progress_options.terminal = rank_ == 0 ? config_.progress_terminal : 0;
   progress_options.log_every_seconds = 1e9;  // the step log lines already report progress
   ProgressReporter progress(progress_options);
-  double tokens = 0;
+  int64_t tokens = 0;
   while (step_ < total_steps_) {
     RETURN_IF_ERROR(TrainStep());
-    tokens += history_.back().tokens_per_second;
-    if (rank_ == 0) progress.Update(step_, static_cast<int64_t>(tokens));
+    tokens += history_.back().tokens;
+    if (rank_ == 0) progress.Update(step_, tokens);
   }
   if (rank_ == 0) progress.Finish();
   if (!config_.checkpoint_dir.empty()) RETURN_IF_ERROR(SaveCheckpoint());
@@ -539,7 +540,6 @@ absl::Status Trainer::SaveCheckpoint() {
     auto manager = CheckpointManager::Create(
         {config_.checkpoint_dir, static_cast<int>(config_.keep_last), {}});
     status = manager.ok() ? (*manager)->Save(step_, contents) : manager.status();
-    if (status.ok()) SS_LOG_INFO("checkpoint: step {} saved to {}", step_, config_.checkpoint_dir);
   }
   if (world_size_ > 1) {
     RETURN_IF_ERROR(CatchTorch("barrier", [&] { group_->barrier()->wait(); }));

