@@ -33,14 +33,13 @@ absl::StatusOr<std::string> StringField(const nlohmann::json& message, size_t in
 absl::StatusOr<std::string> NormalizeRole(absl::string_view role, size_t index) {
   // ShareGPT speaker names map onto chat roles.
   static const auto* kRoles = new std::map<std::string, std::string, std::less<>>{
-      {"system", "system"}, {"user", "user"},           {"human", "user"},
-      {"assistant", "assistant"}, {"gpt", "assistant"}, {"model", "assistant"},
-      {"tool", "tool"}};
+      {"system", "system"}, {"user", "user"},       {"human", "user"}, {"assistant", "assistant"},
+      {"gpt", "assistant"}, {"model", "assistant"}, {"tool", "tool"}};
   auto it = kRoles->find(role);
   if (it == kRoles->end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "conversation message ", index, ": unknown role \"", role,
-        "\" (expected system, user/human, assistant/gpt, tool)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("conversation message ", index, ": unknown role \"", role,
+                     "\" (expected system, user/human, assistant/gpt, tool)"));
   }
   return it->second;
 }
@@ -187,7 +186,8 @@ absl::StatusOr<std::vector<ChatMessage>> ParseConversation(const nlohmann::json&
   for (size_t i = 0; i < it->size(); ++i) {
     const nlohmann::json& m = (*it)[i];
     if (!m.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("conversation message ", i, " is not an object"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("conversation message ", i, " is not an object"));
     }
     bool sharegpt = m.contains("from");
     ASSIGN_OR_RETURN(std::string role, StringField(m, i, sharegpt ? "from" : "role", true));
@@ -247,8 +247,8 @@ absl::StatusOr<TokenizedSample> SampleFromRecord(const nlohmann::json& record,
       std::vector<int64_t> mask;
       RETURN_IF_ERROR(ReadIntArray(record, "loss_mask", 0, 1, &mask));
       if (mask.size() != ids.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("\"loss_mask\" has ", mask.size(),
-                                                       " entries but \"input_ids\" has ", ids.size()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"loss_mask\" has ", mask.size(), " entries but \"input_ids\" has ", ids.size()));
       }
       sample.loss_mask.assign(mask.begin(), mask.end());
     } else {
@@ -264,7 +264,8 @@ absl::StatusOr<TokenizedSample> SampleFromRecord(const nlohmann::json& record,
     ASSIGN_OR_RETURN(sample, TokenizeRendered(*options.tokenizer, rendered));
   }
   if (sample.input_ids.empty()) return absl::InvalidArgumentError("sample has no tokens");
-  if (options.max_length > 0 && static_cast<int64_t>(sample.input_ids.size()) > options.max_length) {
+  if (options.max_length > 0 &&
+      static_cast<int64_t>(sample.input_ids.size()) > options.max_length) {
     sample.input_ids.resize(options.max_length);
     sample.loss_mask.resize(options.max_length);
   }

@@ -30,7 +30,7 @@ namespace specstream {
 class Tokenizer;
 
 struct ChatMessage {
-  std::string role;       // "system" | "user" | "assistant" | "tool"
+  std::string role;  // "system" | "user" | "assistant" | "tool"
   std::string content;
   std::string reasoning;  // optional chain of thought (assistant only)
 };
@@ -55,8 +55,7 @@ class ChatTemplate {
  public:
   virtual ~ChatTemplate() = default;
   virtual absl::string_view name() const = 0;
-  virtual absl::StatusOr<RenderedText> Render(
-      const std::vector<ChatMessage>& messages) const = 0;
+  virtual absl::StatusOr<RenderedText> Render(const std::vector<ChatMessage>& messages) const = 0;
 };
 
 // NotFound listing the known names when `name` is not registered.
@@ -65,10 +64,10 @@ std::vector<std::string> ChatTemplateNames();
 
 // Options for turning records into samples.
 struct RecordOptions {
-  const Tokenizer* tokenizer = nullptr;       // required for conversations
+  const Tokenizer* tokenizer = nullptr;         // required for conversations
   const ChatTemplate* chat_template = nullptr;  // required for conversations
-  int64_t max_length = 0;                     // 0: no truncation
-  int64_t vocab_size = 0;                     // 0: take the tokenizer's
+  int64_t max_length = 0;                       // 0: no truncation
+  int64_t vocab_size = 0;                       // 0: take the tokenizer's
 };
 
 // Renders + tokenizes a conversation record, or validates a pre-tokenized one.

@@ -12,29 +12,43 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (name == "I32") return DType::kI32;
   if (name == "U8") return DType::kU8;
   if (name == "BOOL") return DType::kBool;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown dtype \"", name, "\" (expected F32, F16, BF16, I64, I32, U8 or BOOL)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype \"", name, "\" (expected F32, F16, BF16, I64, I32, U8 or BOOL)"));
 }
 
 absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kU8: return "U8";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kF16: case DType::kBF16: return 2;
-    case DType::kI64: return 8;
-    case DType::kU8: case DType::kBool: return 1;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }

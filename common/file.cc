@@ -1,8 +1,8 @@
 #include "common/file.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,7 +13,6 @@
 
 namespace specstream {
 namespace {
-
 
 // The process umask, read once (umask() can only be read by setting it).
 mode_t FileMode() {

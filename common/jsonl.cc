@@ -30,8 +30,8 @@ absl::Status ForEachJsonLine(
   return absl::OkStatus();
 }
 
-absl::Status ReadIntArray(const nlohmann::json& value, const char* field, int64_t min,
-                          int64_t max, std::vector<int64_t>* out) {
+absl::Status ReadIntArray(const nlohmann::json& value, const char* field, int64_t min, int64_t max,
+                          std::vector<int64_t>* out) {
   auto it = value.find(field);
   if (it == value.end()) return absl::InvalidArgumentError(absl::StrCat("missing \"", field, "\""));
   if (!it->is_array()) {
@@ -42,16 +42,16 @@ absl::Status ReadIntArray(const nlohmann::json& value, const char* field, int64_
   for (size_t i = 0; i < it->size(); ++i) {
     const nlohmann::json& element = (*it)[i];
     if (!element.is_number_integer()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("\"", field, "\"[", i, "] is not an integer"));
+      return absl::InvalidArgumentError(absl::StrCat("\"", field, "\"[", i, "] is not an integer"));
     }
     int64_t v = element.get<int64_t>();
-    if (element.is_number_unsigned() && element.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    if (element.is_number_unsigned() &&
+        element.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
       v = INT64_MAX;
     }
     if (v < min || v > max) {
-      return absl::InvalidArgumentError(absl::StrCat("\"", field, "\"[", i, "] = ", v,
-                                                     " is outside [", min, ", ", max, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", field, "\"[", i, "] = ", v, " is outside [", min, ", ", max, "]"));
     }
     out->push_back(v);
   }

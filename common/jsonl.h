@@ -24,8 +24,8 @@ absl::Status ForEachJsonLine(
 
 // Reads `value[field]` as an array of integers in [min, max]; errors name the
 // field and the offending element.
-absl::Status ReadIntArray(const nlohmann::json& value, const char* field, int64_t min,
-                          int64_t max, std::vector<int64_t>* out);
+absl::Status ReadIntArray(const nlohmann::json& value, const char* field, int64_t min, int64_t max,
+                          std::vector<int64_t>* out);
 
 }  // namespace specstream
 

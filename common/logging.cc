@@ -45,8 +45,8 @@ bool InitLogging(const LoggingOptions& options) {
   LoggerState& state = State();
   std::lock_guard<std::mutex> lock(state.mu);
   state.options = options;
-  bool known = spdlog::level::from_str(options.level) != spdlog::level::off ||
-               options.level == "off";
+  bool known =
+      spdlog::level::from_str(options.level) != spdlog::level::off || options.level == "off";
   if (!known) state.options.level = "info";
   Install(state);
   return known;

@@ -17,9 +17,9 @@ namespace specstream {
 
 struct LoggingOptions {
   std::string role = "specstream";
-  int rank = -1;                  // -1: no rank in the stamp.
-  std::string level = "info";     // trace|debug|info|warn|error|off
-  bool to_stderr = true;          // CLI tools keep stdout for data.
+  int rank = -1;               // -1: no rank in the stamp.
+  std::string level = "info";  // trace|debug|info|warn|error|off
+  bool to_stderr = true;       // CLI tools keep stdout for data.
 };
 
 // Installs the process-wide logger. Returns false on an unknown level (the

@@ -10,10 +10,13 @@ absl::Status NcclStatus(ncclResult_t result, const char* expr, const char* file,
       absl::StrCat(file, ":", line, ": ", expr, " failed: ", ncclGetErrorString(result));
   switch (result) {
     case ncclInvalidArgument:
-    case ncclInvalidUsage: return absl::InvalidArgumentError(message);
+    case ncclInvalidUsage:
+      return absl::InvalidArgumentError(message);
     case ncclRemoteError:
-    case ncclSystemError: return absl::UnavailableError(message);
-    default: return absl::InternalError(message);
+    case ncclSystemError:
+      return absl::UnavailableError(message);
+    default:
+      return absl::InternalError(message);
   }
 }
 

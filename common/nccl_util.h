@@ -23,12 +23,12 @@ absl::Status NcclStatus(ncclResult_t result, const char* expr, const char* file,
 
 // Every NCCL call goes through this: returns a status with file:line and
 // NCCL's own error string from the enclosing function on failure.
-#define RETURN_IF_NCCL_ERROR(expr)                                                     \
-  do {                                                                                 \
-    ncclResult_t specstream_nccl_result_ = (expr);                                     \
-    if (specstream_nccl_result_ != ncclSuccess) {                                      \
+#define RETURN_IF_NCCL_ERROR(expr)                                                         \
+  do {                                                                                     \
+    ncclResult_t specstream_nccl_result_ = (expr);                                         \
+    if (specstream_nccl_result_ != ncclSuccess) {                                          \
       return ::specstream::NcclStatus(specstream_nccl_result_, #expr, __FILE__, __LINE__); \
-    }                                                                                  \
+    }                                                                                      \
   } while (false)
 
 namespace specstream {

@@ -18,7 +18,7 @@ namespace specstream {
 
 struct ProgressOptions {
   std::string label = "progress";
-  int64_t total = 0;          // 0: unknown (no bar, no ETA)
+  int64_t total = 0;  // 0: unknown (no bar, no ETA)
   std::string unit = "items";
   std::string rate_unit = "tok";  // what the secondary counter counts
   double log_every_seconds = 10.0;

@@ -16,17 +16,17 @@
 #define SPECSTREAM_STATUS_CONCAT_(a, b) SPECSTREAM_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                                  \
-  do {                                                         \
-    ::absl::Status specstream_status_ = (expr);                \
-    if (!specstream_status_.ok()) return specstream_status_;   \
+#define RETURN_IF_ERROR(expr)                                \
+  do {                                                       \
+    ::absl::Status specstream_status_ = (expr);              \
+    if (!specstream_status_.ok()) return specstream_status_; \
   } while (false)
 
 // `ASSIGN_OR_RETURN(auto x, MakeX());` declares/assigns x from a StatusOr, or
 // returns its status from the enclosing function.
-#define ASSIGN_OR_RETURN(lhs, expr)                                         \
-  SPECSTREAM_ASSIGN_OR_RETURN_IMPL_(                                        \
-      SPECSTREAM_STATUS_CONCAT_(specstream_statusor_, __LINE__), lhs, expr)
+#define ASSIGN_OR_RETURN(lhs, expr)                                                            \
+  SPECSTREAM_ASSIGN_OR_RETURN_IMPL_(SPECSTREAM_STATUS_CONCAT_(specstream_statusor_, __LINE__), \
+                                    lhs, expr)
 #define SPECSTREAM_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
   auto statusor = (expr);                                      \
   if (!statusor.ok()) return std::move(statusor).status();     \

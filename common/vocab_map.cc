@@ -11,8 +11,8 @@ namespace specstream {
 
 absl::Status TokenCounter::Add(absl::Span<const int32_t> ids, absl::Span<const uint8_t> mask) {
   if (!mask.empty() && mask.size() != ids.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("loss_mask has ", mask.size(),
-                                                   " entries but input_ids has ", ids.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss_mask has ", mask.size(), " entries but input_ids has ", ids.size()));
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= target_vocab()) {
@@ -33,9 +33,8 @@ absl::Status TokenCounter::Add(absl::Span<const int32_t> ids, absl::Span<const u
 absl::StatusOr<VocabMap> BuildVocabMap(const TokenCounter& counter, int64_t draft_vocab) {
   const int64_t target_vocab = counter.target_vocab();
   if (draft_vocab < 1 || draft_vocab > target_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("draft_vocab ", draft_vocab,
-                                                    " must be in [1, target vocab ", target_vocab,
-                                                    "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft_vocab ", draft_vocab, " must be in [1, target vocab ", target_vocab, "]"));
   }
   const std::vector<int64_t>& counts = counter.counts();
   std::vector<int64_t> order(target_vocab);
@@ -66,8 +65,8 @@ absl::Status SaveVocabMap(const VocabMap& map, const std::string& path) {
   SafetensorsWriter writer;
   RETURN_IF_ERROR(writer.Add("d2t", DType::kI64, {map.draft_vocab()}, map.d2t.data(),
                              map.d2t.size() * sizeof(int64_t)));
-  RETURN_IF_ERROR(writer.Add("t2d", DType::kBool, {map.target_vocab()}, map.t2d.data(),
-                             map.t2d.size()));
+  RETURN_IF_ERROR(
+      writer.Add("t2d", DType::kBool, {map.target_vocab()}, map.t2d.data(), map.t2d.size()));
   writer.SetMetadata("draft_vocab", std::to_string(map.draft_vocab()));
   writer.SetMetadata("target_vocab", std::to_string(map.target_vocab()));
   return writer.WriteFile(path);
@@ -80,7 +79,8 @@ absl::StatusOr<VocabMap> LoadVocabMap(const std::string& path) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("vocab map ", path, ": ", why));
   };
-  if (d2t.dtype != DType::kI64 || d2t.shape.size() != 1) return bad("d2t must be I64 [draft_vocab]");
+  if (d2t.dtype != DType::kI64 || d2t.shape.size() != 1)
+    return bad("d2t must be I64 [draft_vocab]");
   if ((t2d.dtype != DType::kBool && t2d.dtype != DType::kU8) || t2d.shape.size() != 1) {
     return bad("t2d must be BOOL [target_vocab]");
   }
@@ -95,7 +95,8 @@ absl::StatusOr<VocabMap> LoadVocabMap(const std::string& path) {
       return bad(absl::StrCat("d2t[", i, "] maps to target id ", target,
                               ", which is out of range or not increasing"));
     }
-    if (map.t2d[target] == 0) return bad(absl::StrCat("t2d[", target, "] is unset but d2t uses it"));
+    if (map.t2d[target] == 0)
+      return bad(absl::StrCat("t2d[", target, "] is unset but d2t uses it"));
     map.used.push_back(target);
     previous = target;
   }

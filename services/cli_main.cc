@@ -30,9 +30,10 @@ int main(int argc, char** argv) {
   data->require_subcommand(1);
 
   TokenizeOptions tokenize;
-  CLI::App* tokenize_cmd =
-      data->add_subcommand("tokenize", "{\"text\"} lines -> {\"ids\"} lines (no special tokens added)");
-  tokenize_cmd->add_option("--tokenizer", tokenize.tokenizer_dir, "Directory holding tokenizer.json")
+  CLI::App* tokenize_cmd = data->add_subcommand(
+      "tokenize", "{\"text\"} lines -> {\"ids\"} lines (no special tokens added)");
+  tokenize_cmd
+      ->add_option("--tokenizer", tokenize.tokenizer_dir, "Directory holding tokenizer.json")
       ->required();
   tokenize_cmd->add_option("--input", tokenize.input, "Input JSON lines")->required();
   tokenize_cmd->add_option("--out", tokenize.output, "Output file (default: stdout)");
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
       ->required();
   render_cmd->add_option("--input", render.input, "Conversation JSON lines")->required();
   render_cmd->add_option("--out", render.output, "Output file (default: stdout)");
-  render_cmd->add_option("--max-length", render.max_length, "Truncate to this many tokens (0: off)");
+  render_cmd->add_option("--max-length", render.max_length,
+                         "Truncate to this many tokens (0: off)");
 
   VocabMapOptions vocab;
   CLI::App* vocab_cmd = data->add_subcommand(

@@ -62,8 +62,8 @@ absl::Status RunTokenize(const TokenizeOptions& options, std::ostream& stdout_st
   ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromDirectory(options.tokenizer_dir));
   ASSIGN_OR_RETURN(LineOutput out, LineOutput::Open(options.output));
   int64_t count = 0;
-  RETURN_IF_ERROR(ForEachJsonLine(
-      options.input, [&](int64_t, const nlohmann::json& record) -> absl::Status {
+  RETURN_IF_ERROR(
+      ForEachJsonLine(options.input, [&](int64_t, const nlohmann::json& record) -> absl::Status {
         auto text = record.is_object() ? record.find("text") : record.end();
         if (!record.is_object() || text == record.end() || !text->is_string()) {
           return absl::InvalidArgumentError("expected an object with a string \"text\"");
@@ -83,7 +83,8 @@ absl::Status RunRender(const RenderOptions& options, std::ostream& stdout_stream
   ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromDirectory(options.tokenizer_dir));
   auto chat_template = FindChatTemplate(options.template_name);
   if (!chat_template.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--template: ", chat_template.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--template: ", chat_template.status().message()));
   }
   RecordOptions record_options;
   record_options.tokenizer = tokenizer.get();
@@ -92,8 +93,8 @@ absl::Status RunRender(const RenderOptions& options, std::ostream& stdout_stream
   ASSIGN_OR_RETURN(LineOutput out, LineOutput::Open(options.output));
   int64_t count = 0;
   int64_t trained = 0;
-  RETURN_IF_ERROR(ForEachJsonLine(
-      options.input, [&](int64_t, const nlohmann::json& record) -> absl::Status {
+  RETURN_IF_ERROR(
+      ForEachJsonLine(options.input, [&](int64_t, const nlohmann::json& record) -> absl::Status {
         ASSIGN_OR_RETURN(TokenizedSample sample, SampleFromRecord(record, record_options));
         for (uint8_t m : sample.loss_mask) trained += m;
         ReportProgress("render", ++count);
@@ -117,19 +118,20 @@ absl::StatusOr<VocabMapSummary> RunVocabMap(const VocabMapOptions& options) {
   // then needs the final size.
   std::vector<std::pair<std::vector<int32_t>, std::vector<uint8_t>>> records;
   int64_t max_id = -1;
-  RETURN_IF_ERROR(ForEachJsonLine(
-      options.input, [&](int64_t, const nlohmann::json& record) -> absl::Status {
+  RETURN_IF_ERROR(
+      ForEachJsonLine(options.input, [&](int64_t, const nlohmann::json& record) -> absl::Status {
         if (!record.is_object()) return absl::InvalidArgumentError("record must be an object");
         const char* field = record.contains("input_ids") ? "input_ids" : "ids";
         std::vector<int64_t> ids;
-        RETURN_IF_ERROR(ReadIntArray(record, field, 0,
-                                     target_vocab > 0 ? target_vocab - 1 : INT32_MAX, &ids));
+        RETURN_IF_ERROR(
+            ReadIntArray(record, field, 0, target_vocab > 0 ? target_vocab - 1 : INT32_MAX, &ids));
         std::vector<int64_t> mask;
         if (record.contains("loss_mask")) {
           RETURN_IF_ERROR(ReadIntArray(record, "loss_mask", 0, 1, &mask));
           if (mask.size() != ids.size()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "\"loss_mask\" has ", mask.size(), " entries but \"", field, "\" has ", ids.size()));
+            return absl::InvalidArgumentError(absl::StrCat("\"loss_mask\" has ", mask.size(),
+                                                           " entries but \"", field, "\" has ",
+                                                           ids.size()));
           }
         }
         for (int64_t id : ids) max_id = std::max(max_id, id);
@@ -140,9 +142,10 @@ absl::StatusOr<VocabMapSummary> RunVocabMap(const VocabMapOptions& options) {
       }));
   if (target_vocab == 0) {
     target_vocab = std::max<int64_t>(max_id + 1, options.draft_vocab);
-    SS_LOG_WARN("vocab-map: target vocab inferred as {} from the data; pass --target-vocab "
-                "or --model to size t2d to the target model",
-                target_vocab);
+    SS_LOG_WARN(
+        "vocab-map: target vocab inferred as {} from the data; pass --target-vocab "
+        "or --model to size t2d to the target model",
+        target_vocab);
   }
   TokenCounter counter(target_vocab);
   for (const auto& [ids, mask] : records) RETURN_IF_ERROR(counter.Add(ids, mask));
@@ -158,14 +161,20 @@ absl::StatusOr<VocabMapSummary> RunVocabMap(const VocabMapOptions& options) {
 
 int ExitCodeFor(const absl::Status& status) {
   switch (status.code()) {
-    case absl::StatusCode::kOk: return 0;
+    case absl::StatusCode::kOk:
+      return 0;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange: return 2;
-    case absl::StatusCode::kUnavailable: return 3;
-    case absl::StatusCode::kNotFound: return 4;
-    case absl::StatusCode::kDeadlineExceeded: return 124;
-    default: return 1;
+    case absl::StatusCode::kOutOfRange:
+      return 2;
+    case absl::StatusCode::kUnavailable:
+      return 3;
+    case absl::StatusCode::kNotFound:
+      return 4;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 124;
+    default:
+      return 1;
   }
 }
 

@@ -36,7 +36,7 @@ struct RenderOptions {
 absl::Status RunRender(const RenderOptions& options, std::ostream& stdout_stream);
 
 struct VocabMapOptions {
-  std::string input;         // lines with "input_ids" (+ "loss_mask") or "ids"
+  std::string input;  // lines with "input_ids" (+ "loss_mask") or "ids"
   int64_t draft_vocab = 0;
   int64_t target_vocab = 0;  // 0: from --model's config.json, else max id + 1
   std::string model_dir;     // optional: target checkpoint for vocab_size

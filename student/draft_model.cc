@@ -237,10 +237,10 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
       const double denominator = static_cast<double>(std::max<int64_t>(1, valid_denominators[k]));
       if (rows > 0) {
         torch::Tensor valid = ValidMask(batch, in_vocab, k).narrow(1, 0, rows);
-        SoftCrossEntropyResult ce = FusedSoftCrossEntropy(
-            nn::RmsNorm(h_next, norm, eps).narrow(1, 0, rows), head,
-            teacher_logp.narrow(1, k + 1, rows), teacher_argmax.narrow(1, k + 1, rows),
-            valid.to(torch::kFloat32));
+        SoftCrossEntropyResult ce =
+            FusedSoftCrossEntropy(nn::RmsNorm(h_next, norm, eps).narrow(1, 0, rows), head,
+                                  teacher_logp.narrow(1, k + 1, rows),
+                                  teacher_argmax.narrow(1, k + 1, rows), valid.to(torch::kFloat32));
         weighted = weighted + ce.loss * (decay / denominator);
         out.correct.push_back(ce.correct.item<int64_t>());
         out.valid.push_back(valid.sum().item<int64_t>());

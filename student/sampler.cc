@@ -30,8 +30,8 @@ absl::StatusOr<std::unique_ptr<DistributedSampler>> DistributedSampler::Create(
     return absl::InvalidArgumentError(absl::StrCat("dp_size ", options.dp_size, " must be >= 1"));
   }
   if (options.dp_rank < 0 || options.dp_rank >= options.dp_size) {
-    return absl::InvalidArgumentError(absl::StrCat("dp_rank ", options.dp_rank,
-                                                   " must be in [0, ", options.dp_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp_rank ", options.dp_rank, " must be in [0, ", options.dp_size, ")"));
   }
   if (num_samples < 0) return absl::InvalidArgumentError("num_samples must be >= 0");
   int64_t per_rank = options.drop_last ? num_samples / options.dp_size

@@ -12,8 +12,8 @@ class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& target_logp,
-                               const torch::Tensor& target_argmax,
-                               const torch::Tensor& row_weight, int64_t chunk_rows) {
+                               const torch::Tensor& target_argmax, const torch::Tensor& row_weight,
+                               int64_t chunk_rows) {
     torch::NoGradGuard no_grad;
     const int64_t b = hidden.size(0), l = hidden.size(1);
     const torch::Tensor w32 = weight.to(torch::kFloat32);
@@ -61,13 +61,14 @@ class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
         torch::Tensor h = hidden[i].narrow(0, start, rows).to(torch::kFloat32);
         torch::Tensor q = torch::softmax(torch::matmul(h, w32.t()), -1);
         // d/dlogits of −Σ p log softmax = softmax − p (Σ p = 1), per row weight.
-        torch::Tensor g = (q - target_logp[i].narrow(0, start, rows).exp()) *
-                          (rw * scale).unsqueeze(1);
+        torch::Tensor g =
+            (q - target_logp[i].narrow(0, start, rows).exp()) * (rw * scale).unsqueeze(1);
         grad_hidden[i].narrow(0, start, rows).copy_(torch::matmul(g, w32));
         grad_weight.addmm_(g.t(), h);
       }
     }
-    return {grad_hidden, grad_weight.to(weight.scalar_type()), torch::Tensor(), torch::Tensor(),
+    return {grad_hidden,     grad_weight.to(weight.scalar_type()),
+            torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor()};
   }
 };
@@ -78,8 +79,7 @@ SoftCrossEntropyResult FusedSoftCrossEntropy(const torch::Tensor& hidden,
                                              const torch::Tensor& weight,
                                              const torch::Tensor& target_logp,
                                              const torch::Tensor& target_argmax,
-                                             const torch::Tensor& row_weight,
-                                             int64_t chunk_rows) {
+                                             const torch::Tensor& row_weight, int64_t chunk_rows) {
   variable_list out =
       FusedSoftCe::apply(hidden, weight, target_logp, target_argmax, row_weight, chunk_rows);
   return {out[0], out[1]};

@@ -18,12 +18,9 @@ struct SoftCrossEntropyResult {
 // target_logp [B, L, V] fp32 log-probabilities (no grad; may be a narrowed
 // view), target_argmax [B, L] int64, row_weight [B, L] fp32 (0 drops a row).
 // Logits and softmax are fp32.
-SoftCrossEntropyResult FusedSoftCrossEntropy(const torch::Tensor& hidden,
-                                             const torch::Tensor& weight,
-                                             const torch::Tensor& target_logp,
-                                             const torch::Tensor& target_argmax,
-                                             const torch::Tensor& row_weight,
-                                             int64_t chunk_rows = 1024);
+SoftCrossEntropyResult FusedSoftCrossEntropy(
+    const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& target_logp,
+    const torch::Tensor& target_argmax, const torch::Tensor& row_weight, int64_t chunk_rows = 1024);
 
 }  // namespace specstream::student
 

@@ -70,14 +70,14 @@ absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Create(
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
-  std::string path = absl::StrCat(dir, "/events.out.tfevents.", static_cast<int64_t>(WallTime()),
-                                  ".", host);
+  std::string path =
+      absl::StrCat(dir, "/events.out.tfevents.", static_cast<int64_t>(WallTime()), ".", host);
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (file == nullptr) return absl::InternalError(absl::StrCat("cannot open ", path));
   std::unique_ptr<TensorBoardWriter> writer(new TensorBoardWriter(path, file));
   std::string event;
-  PutDouble(event, 1, WallTime());       // Event.wall_time
-  PutBytes(event, 3, "brain.Event:2");   // Event.file_version
+  PutDouble(event, 1, WallTime());      // Event.wall_time
+  PutBytes(event, 3, "brain.Event:2");  // Event.file_version
   if (absl::Status s = writer->WriteRecord(event); !s.ok()) return s;
   return writer;
 }
@@ -107,15 +107,15 @@ absl::Status TensorBoardWriter::WriteScalars(
   std::string summary;
   for (const auto& [tag, value] : scalars) {
     std::string v;
-    PutBytes(v, 1, tag);                          // Summary.Value.tag
-    PutFloat(v, 2, static_cast<float>(value));    // Summary.Value.simple_value
-    PutBytes(summary, 1, v);                      // Summary.value
+    PutBytes(v, 1, tag);                        // Summary.Value.tag
+    PutFloat(v, 2, static_cast<float>(value));  // Summary.Value.simple_value
+    PutBytes(summary, 1, v);                    // Summary.value
   }
   std::string event;
   PutDouble(event, 1, WallTime());  // Event.wall_time
   PutTag(event, 2, 0);              // Event.step
   PutVarint(event, static_cast<uint64_t>(step));
-  PutBytes(event, 5, summary);      // Event.summary
+  PutBytes(event, 5, summary);  // Event.summary
   return WriteRecord(event);
 }
 

@@ -27,7 +27,8 @@ class TensorBoardWriter final {
   ~TensorBoardWriter();
 
   // One event with all `scalars` (tag, value) at `step`; flushed.
-  absl::Status WriteScalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
+  absl::Status WriteScalars(int64_t step,
+                            const std::vector<std::pair<std::string, double>>& scalars);
   const std::string& path() const { return path_; }
 
  private:

@@ -24,7 +24,6 @@
 namespace specstream::student {
 namespace {
 
-
 // Builds the vocab map from the masked tokens of every sample in the store
 // (deterministic, so every rank builds the same one).
 absl::StatusOr<VocabMap> BuildMapFromStore(StoreSource& source, int64_t target_vocab,
@@ -305,7 +304,8 @@ void Trainer::SetUpGradientBuckets() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     GradBucket& bucket = buckets_[b];
     int64_t total = 0;
-    for (size_t j = 0; j < bucket.params.size(); ++j) total += params[bucket.params[j]].second.numel();
+    for (size_t j = 0; j < bucket.params.size(); ++j)
+      total += params[bucket.params[j]].second.numel();
     bucket.flat = torch::zeros({total}, torch::kFloat32);
     for (size_t j = 0; j < bucket.params.size(); ++j) {
       torch::Tensor param = params[bucket.params[j]].second;
@@ -348,7 +348,8 @@ absl::Status Trainer::SyncGradients() {
       bucket.work->wait();
       for (size_t j = 0; j < bucket.params.size(); ++j) {
         torch::Tensor param = params[bucket.params[j]].second;
-        torch::Tensor reduced = bucket.flat.narrow(0, bucket.offsets[j], param.numel()).view_as(param);
+        torch::Tensor reduced =
+            bucket.flat.narrow(0, bucket.offsets[j], param.numel()).view_as(param);
         if (param.grad().defined()) {
           param.mutable_grad().copy_(reduced);
         } else {
@@ -453,8 +454,10 @@ void Trainer::Log(const StepMetrics& m) {
   }
   if (tensorboard_) {
     std::vector<std::pair<std::string, double>> scalars = {
-        {"train/loss", m.loss}, {"train/sim_accept_len", m.sim_accept_len},
-        {"train/lr", m.lr}, {"train/grad_norm", m.grad_norm},
+        {"train/loss", m.loss},
+        {"train/sim_accept_len", m.sim_accept_len},
+        {"train/lr", m.lr},
+        {"train/grad_norm", m.grad_norm},
         {"train/tokens_per_s", m.tokens_per_second}};
     for (size_t k = 0; k < m.acc_k.size(); ++k) {
       scalars.emplace_back(absl::StrCat("train/acc_", k), m.acc_k[k]);

@@ -38,19 +38,19 @@ nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids,
   std::vector<StoreTensorSpec> specs = {
       {"input_ids", DType::kI32, {}},
       {"loss_mask", DType::kU8, {}},
-      {"aux_hidden", store_dtype,
+      {"aux_hidden",
+       store_dtype,
        {static_cast<int64_t>(model.capture_layer_ids.size()) * model.hidden_size}},
       {"last_hidden", store_dtype, {model.hidden_size}},
   };
   if (keep_target_ids) specs.push_back({"target_ids", DType::kI32, {}});
-  return nlohmann::json{
-      {"model",
-       {{"model_type", model.model_type},
-        {"hidden_size", model.hidden_size},
-        {"vocab_size", model.vocab_size},
-        {"num_layers", model.num_layers},
-        {"capture_layer_ids", model.capture_layer_ids}}},
-      {"tensors", StoreTensorsContract(specs)}};
+  return nlohmann::json{{"model",
+                         {{"model_type", model.model_type},
+                          {"hidden_size", model.hidden_size},
+                          {"vocab_size", model.vocab_size},
+                          {"num_layers", model.num_layers},
+                          {"capture_layer_ids", model.capture_layer_ids}}},
+                        {"tensors", StoreTensorsContract(specs)}};
 }
 
 absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& options) {
@@ -62,8 +62,8 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
   } else if (options.store_dtype == "float32") {
     store_dtype = DType::kF32;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--store-dtype \"", options.store_dtype, "\" (expected bfloat16 or float32)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--store-dtype \"", options.store_dtype, "\" (expected bfloat16 or float32)"));
   }
   const ModelDescription& model = runtime.Describe();
 
@@ -72,14 +72,15 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
   if (!options.tokenizer_dir.empty()) {
     ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromDirectory(options.tokenizer_dir));
     if (tokenizer->vocab_size() > model.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--tokenizer has ", tokenizer->vocab_size(), " ids but the model's vocab is ",
-                       model.vocab_size));
+      return absl::InvalidArgumentError(absl::StrCat("--tokenizer has ", tokenizer->vocab_size(),
+                                                     " ids but the model's vocab is ",
+                                                     model.vocab_size));
     }
   }
   if (!options.template_name.empty()) {
     auto found = FindChatTemplate(options.template_name);
-    if (!found.ok()) return absl::InvalidArgumentError(absl::StrCat("--template: ", found.status().message()));
+    if (!found.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--template: ", found.status().message()));
     chat_template = *found;
   }
   RecordOptions record_options;
@@ -89,10 +90,10 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
   record_options.max_length =
       options.max_length > 0 ? options.max_length : model.max_position_embeddings;
 
-  ASSIGN_OR_RETURN(auto writer,
-                   StoreWriter::Open(options.out,
-                                     DumpContract(model, options.keep_target_ids, store_dtype),
-                                     options.store));
+  ASSIGN_OR_RETURN(
+      auto writer,
+      StoreWriter::Open(options.out, DumpContract(model, options.keep_target_ids, store_dtype),
+                        options.store));
   DumpSummary summary;
   const auto start = std::chrono::steady_clock::now();
   ProgressOptions progress_options;
@@ -115,10 +116,10 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
     for (size_t i = 0; i < batch.size(); ++i) {
       const TokenizedSample& s = batch[i].sample;
       const int64_t t = static_cast<int64_t>(s.input_ids.size());
-      torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(s.input_ids.data()), {t},
-                                           torch::kInt32);
-      torch::Tensor mask = torch::from_blob(const_cast<uint8_t*>(s.loss_mask.data()), {t},
-                                            torch::kUInt8);
+      torch::Tensor ids =
+          torch::from_blob(const_cast<int32_t*>(s.input_ids.data()), {t}, torch::kInt32);
+      torch::Tensor mask =
+          torch::from_blob(const_cast<uint8_t*>(s.loss_mask.data()), {t}, torch::kUInt8);
       torch::Tensor aux = captures[i].aux_hidden.to(ToTorchDtype(store_dtype)).contiguous();
       torch::Tensor last = captures[i].last_hidden.to(ToTorchDtype(store_dtype)).contiguous();
       std::vector<TensorView> views = {ViewOf("input_ids", ids), ViewOf("loss_mask", mask),
@@ -128,7 +129,8 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
         target = captures[i].target_ids.contiguous();
         views.push_back(ViewOf("target_ids", target));
       }
-      RETURN_IF_ERROR(Annotate(writer->Add(batch[i].id, views), absl::StrCat("sample ", batch[i].id)));
+      RETURN_IF_ERROR(
+          Annotate(writer->Add(batch[i].id, views), absl::StrCat("sample ", batch[i].id)));
       ++summary.samples_written;
       summary.tokens_written += t;
     }
@@ -138,8 +140,8 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
   };
 
   int64_t next_id = 0;
-  RETURN_IF_ERROR(ForEachJsonLine(
-      options.data, [&](int64_t, const nlohmann::json& record) -> absl::Status {
+  RETURN_IF_ERROR(
+      ForEachJsonLine(options.data, [&](int64_t, const nlohmann::json& record) -> absl::Status {
         const int64_t id = next_id++;
         ++records_seen;
         if (writer->Contains(id)) {
@@ -150,7 +152,8 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
         ASSIGN_OR_RETURN(TokenizedSample sample, SampleFromRecord(record, record_options));
         const int64_t len = static_cast<int64_t>(sample.input_ids.size());
         // A sequence joins the batch while the padded batch stays in budget.
-        const int64_t padded = (static_cast<int64_t>(batch.size()) + 1) * std::max(batch_max_len, len);
+        const int64_t padded =
+            (static_cast<int64_t>(batch.size()) + 1) * std::max(batch_max_len, len);
         if (!batch.empty() && padded > options.batch_tokens) RETURN_IF_ERROR(flush());
         batch_max_len = std::max(batch_max_len, len);
         batch.push_back({id, std::move(sample)});

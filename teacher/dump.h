@@ -20,12 +20,12 @@
 namespace specstream::teacher {
 
 struct DumpOptions {
-  std::string data;            // JSON lines: conversations or pre-tokenized
-  std::string tokenizer_dir;   // needed for conversation records
-  std::string template_name;   // needed for conversation records
-  std::string out;             // store directory
-  int64_t batch_tokens = 8192; // padded tokens per forward
-  int64_t max_length = 0;      // truncate; 0: the model's max positions
+  std::string data;             // JSON lines: conversations or pre-tokenized
+  std::string tokenizer_dir;    // needed for conversation records
+  std::string template_name;    // needed for conversation records
+  std::string out;              // store directory
+  int64_t batch_tokens = 8192;  // padded tokens per forward
+  int64_t max_length = 0;       // truncate; 0: the model's max positions
   bool keep_target_ids = false;
   std::string store_dtype = "bfloat16";  // aux/last hidden: bfloat16 | float32
   StoreWriterOptions store;
@@ -42,8 +42,7 @@ struct DumpSummary {
 absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& options);
 
 // The store contract for a runtime: model description + tensor specs.
-nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids,
-                            DType store_dtype);
+nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids, DType store_dtype);
 
 }  // namespace specstream::teacher
 

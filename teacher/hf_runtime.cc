@@ -16,11 +16,11 @@ namespace specstream::teacher {
 // One decoder layer's weights, already sliced to this TP rank.
 struct HfRuntime::Layer {
   torch::Tensor input_norm, post_norm;
-  torch::Tensor q, k, v, o;                // q/k/v column shards, o row shard
-  torch::Tensor q_bias, k_bias, v_bias;    // qwen2 (and llama attention_bias)
-  torch::Tensor o_bias;                    // llama attention_bias (added once, after reduce)
-  torch::Tensor q_norm, k_norm;            // qwen3, over head_dim
-  torch::Tensor gate, up, down;            // gate/up column shards, down row shard
+  torch::Tensor q, k, v, o;                     // q/k/v column shards, o row shard
+  torch::Tensor q_bias, k_bias, v_bias;         // qwen2 (and llama attention_bias)
+  torch::Tensor o_bias;                         // llama attention_bias (added once, after reduce)
+  torch::Tensor q_norm, k_norm;                 // qwen3, over head_dim
+  torch::Tensor gate, up, down;                 // gate/up column shards, down row shard
   torch::Tensor gate_bias, up_bias, down_bias;  // llama mlp_bias
   std::optional<int64_t> sliding_window;
 };
@@ -78,8 +78,8 @@ absl::StatusOr<torch::Dtype> ResolveDtype(const std::string& requested, const Hf
   std::string name = requested == "auto" ? c.torch_dtype : requested;
   if (name == "bfloat16") return torch::kBFloat16;
   if (name == "float32" || name == "" || name == "float16") return torch::kFloat32;
-  return absl::InvalidArgumentError(absl::StrCat("--dtype \"", requested,
-                                                 "\" (expected auto, float32 or bfloat16)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype \"", requested, "\" (expected auto, float32 or bfloat16)"));
 }
 
 bool IsDense(const std::string& model_type) {
@@ -114,9 +114,8 @@ absl::Status HfRuntime::Load() {
   }
   const int tp = o.tp_size;
   auto refuse = [&](const char* field, int64_t value) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " ", value,
-                                                   " is not divisible by the tensor-parallel size ",
-                                                   tp));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " ", value, " is not divisible by the tensor-parallel size ", tp));
   };
   if (c.num_attention_heads % tp != 0) return refuse("num_attention_heads", c.num_attention_heads);
   if (c.num_key_value_heads % tp != 0) return refuse("num_key_value_heads", c.num_key_value_heads);
@@ -129,8 +128,8 @@ absl::Status HfRuntime::Load() {
   }
   for (int id : capture) {
     if (id < 0 || id >= c.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("capture layer id ", id, " is outside [0, ",
-                                                     c.num_hidden_layers, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("capture layer id ", id, " is outside [0, ", c.num_hidden_layers, ")"));
     }
   }
 
@@ -193,8 +192,8 @@ absl::Status HfRuntime::Load() {
       }
     }
   }
-  ASSIGN_OR_RETURN(auto rotary, nn::Rotary::Create(D, c.rope_theta, c.rope_scaling,
-                                                   c.max_position_embeddings));
+  ASSIGN_OR_RETURN(auto rotary,
+                   nn::Rotary::Create(D, c.rope_theta, c.rope_scaling, c.max_position_embeddings));
   rotary_.emplace(std::move(rotary));
 
   description_.model_type = c.model_type;
@@ -225,8 +224,8 @@ absl::Status HfRuntime::Validate(const ForwardRequest& request) const {
     }
     for (size_t t = 0; t < seq.size(); ++t) {
       if (seq[t] < 0 || seq[t] >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " token ", t, " id ",
-                                                       seq[t], " is outside the vocab [0, ",
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " token ", t, " id ", seq[t],
+                                                       " is outside the vocab [0, ",
                                                        config_.vocab_size, ")"));
       }
     }
@@ -257,8 +256,8 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Forward(const ForwardReq
     for (int64_t t = 0; t < lengths[b]; ++t) acc[b][t] = request.sequences[b][t];
   }
   if (options_.tp_size > 1) {
-    torch::Tensor header = torch::tensor({batch, max_len, int64_t{request.want_target_ids}},
-                                         torch::kInt64);
+    torch::Tensor header =
+        torch::tensor({batch, max_len, int64_t{request.want_target_ids}}, torch::kInt64);
     RETURN_IF_ERROR(Broadcast(*options_.group, header, 0));
     torch::Tensor lens = torch::tensor(lengths, torch::kInt64);
     RETURN_IF_ERROR(Broadcast(*options_.group, lens, 0));
@@ -356,9 +355,9 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(
       x = nn::RmsNorm(h, l.post_norm, eps);
       torch::Tensor m;
       if (l.gate_bias.defined()) {
-        m = torch::linear(torch::silu(torch::linear(x, l.gate, l.gate_bias)) *
-                              torch::linear(x, l.up, l.up_bias),
-                          l.down);
+        m = torch::linear(
+            torch::silu(torch::linear(x, l.gate, l.gate_bias)) * torch::linear(x, l.up, l.up_bias),
+            l.down);
       } else {
         m = nn::SwiGluMlp(x, l.gate, l.up, l.down);
       }

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "absl/status/statusor.h"
 #include "common/hf_config.h"
@@ -48,7 +48,9 @@ class HfRuntime final : public TargetRuntime {
   const ModelDescription& Describe() const override { return description_; }
   absl::StatusOr<std::vector<SequenceCapture>> Forward(const ForwardRequest& request) override;
 
-  void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) { options_.group = std::move(group); }
+  void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    options_.group = std::move(group);
+  }
 
   // Followers (tp_rank > 0): serve the leader's broadcasts until stopped.
   absl::Status RunFollower();

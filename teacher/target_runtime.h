@@ -29,7 +29,7 @@ struct ModelDescription {
   int64_t vocab_size = 0;
   int64_t num_layers = 0;
   int64_t max_position_embeddings = 0;
-  std::vector<int> capture_layer_ids;  // SGLang convention: id k = output of layer k
+  std::vector<int> capture_layer_ids;    // SGLang convention: id k = output of layer k
   torch::Dtype dtype = torch::kFloat32;  // compute dtype
   int tp_size = 1;
 };

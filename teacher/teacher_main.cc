@@ -29,9 +29,12 @@ int ExitCode(const absl::Status& status) {
   std::cerr << "specstream-teacher: " << status.message() << "\n";
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition: return 2;
-    case absl::StatusCode::kNotFound: return 4;
-    default: return 1;
+    case absl::StatusCode::kFailedPrecondition:
+      return 2;
+    case absl::StatusCode::kNotFound:
+      return 4;
+    default:
+      return 1;
   }
 }
 
@@ -65,14 +68,14 @@ struct RuntimeFlags {
     app->add_option("--model", model, "Target checkpoint directory (HF layout)")->required();
     app->add_option("--devices", devices, "One rank per device, e.g. cpu,cpu (tensor parallel)");
     app->add_option("--dtype", dtype, "auto | float32 | bfloat16");
-    app->add_option("--capture-layers", capture,
-                    "EAGLE-3 capture layer ids (default 1,L/2-1,L-4)");
+    app->add_option("--capture-layers", capture, "EAGLE-3 capture layer ids (default 1,L/2-1,L-4)");
     app->add_option("--runtime", runtime, "Target runtime: hf");
   }
 
   absl::StatusOr<std::unique_ptr<LaunchedRuntime>> Launch() const {
     if (runtime != "hf") {
-      return absl::InvalidArgumentError(absl::StrCat("--runtime \"", runtime, "\" (available: hf)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--runtime \"", runtime, "\" (available: hf)"));
     }
     RuntimeSpec spec;
     spec.model_dir = model;
@@ -98,15 +101,16 @@ absl::Status RunForward(const RuntimeFlags& flags, const std::string& ids_text) 
               << absl::StrJoin(ShapeOf(t), ", ") << "] sum=" << f.sum().item<double>()
               << " abs_sum=" << f.abs().sum().item<double>() << "\n";
   };
-  std::cout << "capture_layer_ids [" << absl::StrJoin(launched->runtime().Describe().capture_layer_ids, ", ")
-            << "]\n";
+  std::cout << "capture_layer_ids ["
+            << absl::StrJoin(launched->runtime().Describe().capture_layer_ids, ", ") << "]\n";
   print("aux_hidden", c.aux_hidden);
   print("last_hidden", c.last_hidden);
   print("target_ids", c.target_ids);
-  std::cout << "target_ids " << absl::StrJoin(std::vector<int32_t>(
-                                    c.target_ids.data_ptr<int32_t>(),
-                                    c.target_ids.data_ptr<int32_t>() + c.target_ids.numel()),
-                                ",")
+  std::cout << "target_ids "
+            << absl::StrJoin(
+                   std::vector<int32_t>(c.target_ids.data_ptr<int32_t>(),
+                                        c.target_ids.data_ptr<int32_t>() + c.target_ids.numel()),
+                   ",")
             << "\n";
   return launched->Shutdown();
 }
@@ -162,7 +166,8 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--shard-mib", dump.store.max_shard_bytes, "Shard size in MiB")
       ->transform([](std::string value) {
         int64_t mib = 0;
-        if (!absl::SimpleAtoi(value, &mib) || mib < 1) throw CLI::ValidationError("--shard-mib", "must be >= 1");
+        if (!absl::SimpleAtoi(value, &mib) || mib < 1)
+          throw CLI::ValidationError("--shard-mib", "must be >= 1");
         return std::to_string(mib << 20);
       });
   dump_cmd->add_option("--shard-samples", dump.store.max_shard_samples,

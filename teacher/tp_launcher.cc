@@ -61,8 +61,8 @@ absl::Status AwaitWorkers(c10d::Store& store, const std::vector<pid_t>& workers,
       }
       int wstatus = 0;
       if (waitpid(workers[i], &wstatus, WNOHANG) == workers[i]) {
-        return absl::InternalError(absl::StrCat("TP rank ", rank, " exited during setup (status ",
-                                                wstatus, ")"));
+        return absl::InternalError(
+            absl::StrCat("TP rank ", rank, " exited during setup (status ", wstatus, ")"));
       }
     }
     if (std::chrono::steady_clock::now() > deadline) {
@@ -113,12 +113,18 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
   int port = 0;
   ASSIGN_OR_RETURN(auto store, CreateTcpStore(rendezvous, &port));
   for (int rank = 1; rank < world; ++rank) {
-    std::vector<std::string> args = {spec.worker_executable, "tp-worker",
-                                     "--model", spec.model_dir,
-                                     "--dtype", spec.dtype,
-                                     "--rank", std::to_string(rank),
-                                     "--world-size", std::to_string(world),
-                                     "--master-port", std::to_string(port)};
+    std::vector<std::string> args = {spec.worker_executable,
+                                     "tp-worker",
+                                     "--model",
+                                     spec.model_dir,
+                                     "--dtype",
+                                     spec.dtype,
+                                     "--rank",
+                                     std::to_string(rank),
+                                     "--world-size",
+                                     std::to_string(world),
+                                     "--master-port",
+                                     std::to_string(port)};
     if (!spec.capture_layer_ids.empty()) {
       args.push_back("--capture-layers");
       args.push_back(absl::StrJoin(spec.capture_layer_ids, ","));
@@ -148,7 +154,8 @@ absl::Status LaunchedRuntime::Shutdown() {
     int wstatus = 0;
     waitpid(pid, &wstatus, 0);
     if (set_up && status.ok() && !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)) {
-      status = absl::InternalError(absl::StrCat("TP worker ", pid, " exited with status ", wstatus));
+      status =
+          absl::InternalError(absl::StrCat("TP worker ", pid, " exited with status ", wstatus));
     }
   }
   return status;

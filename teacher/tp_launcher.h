@@ -29,7 +29,7 @@ struct RuntimeSpec {
   std::string dtype = "auto";
   std::vector<int> capture_layer_ids;
   std::vector<std::string> devices = {"cpu"};  // "cpu" or "cuda:N"; one rank each
-  std::string worker_executable;  // the specstream-teacher binary (for tp-worker)
+  std::string worker_executable;               // the specstream-teacher binary (for tp-worker)
   std::chrono::milliseconds setup_timeout{std::chrono::minutes(10)};
 };
 

@@ -19,8 +19,8 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
   return bias.defined() ? torch::linear(x, weight, bias) : torch::linear(x, weight);
 }
 
-torch::Tensor SwiGluMlp(const torch::Tensor& x, const torch::Tensor& gate,
-                        const torch::Tensor& up, const torch::Tensor& down) {
+torch::Tensor SwiGluMlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
+                        const torch::Tensor& down) {
   return torch::linear(torch::silu(torch::linear(x, gate)) * torch::linear(x, up), down);
 }
 
@@ -39,8 +39,7 @@ torch::Tensor YarnInvFreq(int64_t dim, double base, const RopeScaling& s, int64_
   double low = std::max(std::floor(correction_dim(s.beta_fast)), 0.0);
   double high = std::min(std::ceil(correction_dim(s.beta_slow)), static_cast<double>(dim - 1));
   if (low == high) high += 0.001;
-  torch::Tensor ramp =
-      ((torch::arange(dim / 2, torch::kFloat32) - low) / (high - low)).clamp(0, 1);
+  torch::Tensor ramp = ((torch::arange(dim / 2, torch::kFloat32) - low) / (high - low)).clamp(0, 1);
   torch::Tensor extrapolation_factor = 1 - ramp;
   torch::Tensor extrapolation = 1.0 / pos_freqs;
   torch::Tensor interpolation = 1.0 / (s.factor * pos_freqs);
@@ -54,8 +53,8 @@ torch::Tensor Llama3InvFreq(const torch::Tensor& inv_freq, const RopeScaling& s)
   const double high_freq_wavelen = old_context / s.high_freq_factor;
   torch::Tensor wavelen = 2 * M_PI / inv_freq;
   torch::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
-  torch::Tensor smooth = (old_context / wavelen - s.low_freq_factor) /
-                         (s.high_freq_factor - s.low_freq_factor);
+  torch::Tensor smooth =
+      (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
   torch::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
   torch::Tensor is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
   return torch::where(is_medium, smoothed, scaled);
@@ -66,7 +65,8 @@ torch::Tensor Llama3InvFreq(const torch::Tensor& inv_freq, const RopeScaling& s)
 absl::StatusOr<Rotary> Rotary::Create(int64_t dim, double theta, const RopeScaling& scaling,
                                       int64_t max_position_embeddings) {
   if (dim <= 0 || dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("rotary dim ", dim, " must be positive and even"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rotary dim ", dim, " must be positive and even"));
   }
   if (theta <= 0) return absl::InvalidArgumentError("rope_theta must be positive");
   // base^(2i/dim) in fp32, as transformers computes it.
@@ -139,7 +139,8 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
     const int64_t len = std::min(block, t - start);
     const int64_t keys_end = start + len;  // causal: keys [key_begin, keys_end)
     int64_t key_begin = 0;
-    if (options.sliding_window) key_begin = std::max<int64_t>(0, start - *options.sliding_window + 1);
+    if (options.sliding_window)
+      key_begin = std::max<int64_t>(0, start - *options.sliding_window + 1);
     const int64_t key_len = keys_end - key_begin;
     torch::Tensor qb = qg.narrow(3, start, len);
     torch::Tensor kb = kg.narrow(3, key_begin, key_len);
@@ -151,7 +152,8 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
     torch::Tensor kj = torch::arange(key_begin, keys_end, torch::kInt64).unsqueeze(0);
     torch::Tensor hidden = kj > qi;
     if (options.sliding_window) hidden = hidden | (qi - kj >= *options.sliding_window);
-    scores = scores.to(torch::kFloat32).masked_fill(hidden, -std::numeric_limits<float>::infinity());
+    scores =
+        scores.to(torch::kFloat32).masked_fill(hidden, -std::numeric_limits<float>::infinity());
     torch::Tensor probs = torch::softmax(scores, -1).to(q.scalar_type());
     out.narrow(3, start, len).copy_(torch::matmul(probs, vb));
   }

@@ -26,8 +26,8 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
                      const torch::Tensor& bias = {});
 
 // SwiGLU MLP: down(silu(gate(x)) * up(x)).
-torch::Tensor SwiGluMlp(const torch::Tensor& x, const torch::Tensor& gate,
-                        const torch::Tensor& up, const torch::Tensor& down);
+torch::Tensor SwiGluMlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
+                        const torch::Tensor& down);
 
 // Rotary position embedding tables, as transformers computes them for
 // default, linear, llama3 and yarn rope_scaling.
@@ -58,7 +58,7 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
                           const torch::Tensor& sin);
 
 struct AttentionOptions {
-  double scale = 1.0;                    // usually 1/sqrt(head_dim)
+  double scale = 1.0;                     // usually 1/sqrt(head_dim)
   std::optional<int64_t> sliding_window;  // key j visible to query i iff i - j < window
   // Upper bound on score elements held at once; query blocks are sized to
   // stay under it, so memory grows linearly with T.

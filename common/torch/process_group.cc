@@ -11,12 +11,12 @@ namespace specstream {
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> CreateTcpStore(const RendezvousOptions& options,
                                                                int* bound_port) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " must be in [0, ",
-                                                   options.world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " must be in [0, ", options.world_size, ")"));
   }
   c10::intrusive_ptr<c10d::TCPStore> store;
-  absl::Status status = CatchTorch(
-      absl::StrCat("TCPStore ", options.master_addr, ":", options.master_port), [&] {
+  absl::Status status =
+      CatchTorch(absl::StrCat("TCPStore ", options.master_addr, ":", options.master_port), [&] {
         c10d::TCPStoreOptions store_options;
         store_options.port = static_cast<uint16_t>(options.master_port);
         store_options.isServer = options.rank == 0;
@@ -53,10 +53,9 @@ absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(const RendezvousOptions& opti
 
 absl::Status AllReduceSum(c10d::ProcessGroup& group, torch::Tensor& tensor) {
   return CatchTorch("all_reduce", [&] {
-    const bool narrow = tensor.scalar_type() == torch::kBFloat16 ||
-                        tensor.scalar_type() == torch::kFloat16;
-    std::vector<torch::Tensor> buffers{narrow ? tensor.to(torch::kFloat32)
-                                              : tensor.contiguous()};
+    const bool narrow =
+        tensor.scalar_type() == torch::kBFloat16 || tensor.scalar_type() == torch::kFloat16;
+    std::vector<torch::Tensor> buffers{narrow ? tensor.to(torch::kFloat32) : tensor.contiguous()};
     group.allreduce(buffers)->wait();
     if (narrow || !tensor.is_contiguous()) {
       tensor.copy_(buffers[0]);

@@ -9,9 +9,9 @@
 #include <chrono>
 #include <string>
 
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/torch.h>
 
 #include "absl/status/statusor.h"
 
@@ -39,8 +39,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> CreateTcpStore(const RendezvousO
 
 // Creates a Gloo process group over loopback/`master_addr`. `store` may be
 // given (e.g. a prefix of a shared one); otherwise a TCPStore is created.
-absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(
-    const RendezvousOptions& options, c10::intrusive_ptr<c10d::Store> store = {});
+absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(const RendezvousOptions& options,
+                                                   c10::intrusive_ptr<c10d::Store> store = {});
 
 // In-place SUM all-reduce of a CPU tensor; bf16/fp16 go through fp32.
 absl::Status AllReduceSum(c10d::ProcessGroup& group, torch::Tensor& tensor);

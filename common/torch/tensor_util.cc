@@ -8,26 +8,40 @@ namespace specstream {
 
 torch::Dtype ToTorchDtype(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return torch::kFloat32;
-    case DType::kF16: return torch::kFloat16;
-    case DType::kBF16: return torch::kBFloat16;
-    case DType::kI64: return torch::kInt64;
-    case DType::kI32: return torch::kInt32;
-    case DType::kU8: return torch::kUInt8;
-    case DType::kBool: return torch::kBool;
+    case DType::kF32:
+      return torch::kFloat32;
+    case DType::kF16:
+      return torch::kFloat16;
+    case DType::kBF16:
+      return torch::kBFloat16;
+    case DType::kI64:
+      return torch::kInt64;
+    case DType::kI32:
+      return torch::kInt32;
+    case DType::kU8:
+      return torch::kUInt8;
+    case DType::kBool:
+      return torch::kBool;
   }
   return torch::kFloat32;
 }
 
 absl::StatusOr<DType> FromTorchDtype(torch::Dtype dtype) {
   switch (dtype) {
-    case torch::kFloat32: return DType::kF32;
-    case torch::kFloat16: return DType::kF16;
-    case torch::kBFloat16: return DType::kBF16;
-    case torch::kInt64: return DType::kI64;
-    case torch::kInt32: return DType::kI32;
-    case torch::kUInt8: return DType::kU8;
-    case torch::kBool: return DType::kBool;
+    case torch::kFloat32:
+      return DType::kF32;
+    case torch::kFloat16:
+      return DType::kF16;
+    case torch::kBFloat16:
+      return DType::kBF16;
+    case torch::kInt64:
+      return DType::kI64;
+    case torch::kInt32:
+      return DType::kI32;
+    case torch::kUInt8:
+      return DType::kU8;
+    case torch::kBool:
+      return DType::kBool;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("tensor dtype ", c10::toString(dtype), " has no safetensors name"));
@@ -87,8 +101,8 @@ absl::Status CatchTorch(const std::string& context, const std::function<void()>&
 
 void TuneAllocatorForTensors() {
   static const bool done = [] {
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);             // glibc's maximum
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);              // keep up to 1 GiB free
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);   // keep up to 1 GiB free
     mallopt(M_TOP_PAD, 64 << 20);
     return true;
   }();

@@ -88,8 +88,10 @@ bool WriteStore(const std::string& path, int64_t length) {
   torch::Tensor aux = torch::randn({length, 3 * kHidden}).to(torch::kBFloat16);
   torch::Tensor last = torch::randn({length, kHidden}).to(torch::kBFloat16);
   torch::Tensor target = torch::randint(kVocab, {length}, torch::kInt32);
-  if (!(*writer)->Add(0, {specstream::ViewOf("input_ids", ids), specstream::ViewOf("loss_mask", mask), specstream::ViewOf("aux_hidden", aux),
-                          specstream::ViewOf("last_hidden", last), specstream::ViewOf("target_ids", target)})
+  if (!(*writer)
+           ->Add(0, {specstream::ViewOf("input_ids", ids), specstream::ViewOf("loss_mask", mask),
+                     specstream::ViewOf("aux_hidden", aux), specstream::ViewOf("last_hidden", last),
+                     specstream::ViewOf("target_ids", target)})
            .ok()) {
     return false;
   }
@@ -178,7 +180,8 @@ int main(int argc, char** argv) {
     long len = 0;
     double tps = 0, mib = 0, seconds = 0;
     if (pipe == nullptr || std::fscanf(pipe, "%ld %lf %lf %lf", &len, &tps, &mib, &seconds) != 4) {
-      std::fprintf(stderr, "student_bench: child for %ld tokens failed\n", static_cast<long>(length));
+      std::fprintf(stderr, "student_bench: child for %ld tokens failed\n",
+                   static_cast<long>(length));
       if (pipe) pclose(pipe);
       return 1;
     }

@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
   std::string dir = (std::filesystem::temp_directory_path() / "specstream-teacher-bench").string();
   std::printf("teacher_bench: %.1fM parameters, %ld tokens, best of %d\n", params / 1e6,
               static_cast<long>(tokens), reps);
-  std::printf("%-9s %14s %14s %16s %9s\n", "dtype", "tokens/s", "model GFLOP/s",
-              "matmul GFLOP/s", "fraction");
+  std::printf("%-9s %14s %14s %16s %9s\n", "dtype", "tokens/s", "model GFLOP/s", "matmul GFLOP/s",
+              "fraction");
 
   double fp32_fraction = 0;
   for (const char* dtype : {"float32", "bfloat16"}) {
@@ -109,10 +109,10 @@ int main(int argc, char** argv) {
     // Matmul FLOPs per token: the layers, the lm_head (target_ids), and the
     // causal attention (QKᵀ and PV over on average T/2 keys).
     const double T = static_cast<double>(tokens);
-    const double flops = 2.0 * T * L * layer_params + 2.0 * T * V * H +
-                         L * 2.0 * 2.0 * A * D * T * T / 2;
-    const torch::Dtype torch_dtype = std::string(dtype) == "float32" ? torch::kFloat32
-                                                                     : torch::kBFloat16;
+    const double flops =
+        2.0 * T * L * layer_params + 2.0 * T * V * H + L * 2.0 * 2.0 * A * D * T * T / 2;
+    const torch::Dtype torch_dtype =
+        std::string(dtype) == "float32" ? torch::kFloat32 : torch::kBFloat16;
     const double baseline = MatmulFlops(torch_dtype, tokens, H, I, reps);
     const double achieved = flops / best;
     const double fraction = achieved / baseline;

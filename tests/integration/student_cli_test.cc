@@ -17,8 +17,8 @@ namespace {
 class StudentCliTest : public ::testing::Test {
  protected:
   int Run(const std::string& binary, const std::string& args) {
-    std::string command = binary + " " + args + " >" + dir_.Join("stdout") + " 2>" +
-                          dir_.Join("stderr");
+    std::string command =
+        binary + " " + args + " >" + dir_.Join("stdout") + " 2>" + dir_.Join("stderr");
     int status = std::system(command.c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
@@ -36,7 +36,8 @@ class StudentCliTest : public ::testing::Test {
     std::string data;
     for (int i = 0; i < 16; ++i) {
       std::string ids;
-      for (int t = 0; t < 10 + i; ++t) ids += (t ? "," : "") + std::to_string((i * 31 + t * 17) % 256);
+      for (int t = 0; t < 10 + i; ++t)
+        ids += (t ? "," : "") + std::to_string((i * 31 + t * 17) % 256);
       data += "{\"input_ids\":[" + ids + "]}\n";
     }
     testing::WriteFile(dir_.Join("data.jsonl"), data);
@@ -48,13 +49,22 @@ class StudentCliTest : public ::testing::Test {
 
   std::string JobYaml(const std::string& extra = "") {
     return "name: cli-test\n"
-           "data:\n  store: " + dir_.Join("store") + "\n"
-           "model:\n  target: " + dir_.Join("target") + "\n  draft:\n    draft_vocab_size: 64\n"
+           "data:\n  store: " +
+           dir_.Join("store") +
+           "\n"
+           "model:\n  target: " +
+           dir_.Join("target") +
+           "\n  draft:\n    draft_vocab_size: 64\n"
            "optimizer:\n  lr: 3.0e-3\n  warmup_steps: 2\n"
            "training:\n  max_steps: 8\n  batch_size: 2\n  ttt_steps: 3\n  dtype: float32\n"
-           "checkpoint:\n  dir: " + dir_.Join("ckpt") + "\n  every_steps: 4\n"
-           "export:\n  dir: " + dir_.Join("export") + "\n"
-           "metrics:\n  jsonl: " + dir_.Join("metrics.jsonl") + "\n" + extra;
+           "checkpoint:\n  dir: " +
+           dir_.Join("ckpt") +
+           "\n  every_steps: 4\n"
+           "export:\n  dir: " +
+           dir_.Join("export") +
+           "\n"
+           "metrics:\n  jsonl: " +
+           dir_.Join("metrics.jsonl") + "\n" + extra;
   }
 
   testing::TempDir dir_;

@@ -64,9 +64,8 @@ TEST_F(TeacherCliTest, ForwardWithTwoProcessTensorParallelismMatchesOneRank) {
       << Stderr();
   auto single = Checksums();
   std::string single_targets = Line("target_ids 1") + Line("target_ids ");
-  ASSERT_EQ(Run("forward --model " + dir_.Join("model") +
-                " --dtype float32 --devices cpu,cpu " + ids),
-            0)
+  ASSERT_EQ(
+      Run("forward --model " + dir_.Join("model") + " --dtype float32 --devices cpu,cpu " + ids), 0)
       << Stderr();
   auto tp = Checksums();
   std::string tp_targets = Line("target_ids 1") + Line("target_ids ");
@@ -104,14 +103,14 @@ TEST_F(TeacherCliTest, ImpossibleLayoutsAndBadInputFailFastWithReasons) {
   InitModel();
   // 4 heads over 3 ranks: refused by every rank, reported by the leader.
   EXPECT_EQ(Run("forward --model " + dir_.Join("model") + " --devices cpu,cpu,cpu --ids 1,2"), 2);
-  EXPECT_NE(Stderr().find("num_attention_heads 4 is not divisible"), std::string::npos)
-      << Stderr();
+  EXPECT_NE(Stderr().find("num_attention_heads 4 is not divisible"), std::string::npos) << Stderr();
   EXPECT_EQ(Run("forward --model " + dir_.Join("model") + " --ids 1,512"), 2);
   EXPECT_NE(Stderr().find("outside the vocab"), std::string::npos) << Stderr();
   EXPECT_EQ(Run("forward --model " + dir_.Join("model") + " --devices gpu0 --ids 1"), 2);
   EXPECT_NE(Stderr().find("unknown device \"gpu0\""), std::string::npos) << Stderr();
   EXPECT_EQ(Run("init-random --arch gpt2 --layers 2 --hidden 8 --heads 2 --kv-heads 2 "
-                "--intermediate 8 --vocab 8 --out " + dir_.Join("x")),
+                "--intermediate 8 --vocab 8 --out " +
+                dir_.Join("x")),
             2);
   EXPECT_NE(Stderr().find("--arch"), std::string::npos) << Stderr();
 }

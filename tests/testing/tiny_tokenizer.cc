@@ -48,8 +48,12 @@ std::string TinyTokenizerJson(const std::vector<std::string>& special_tokens,
   }
   nlohmann::json added = nlohmann::json::array();
   for (const std::string& token : special_tokens) {
-    added.push_back({{"id", next}, {"content", token}, {"single_word", false},
-                     {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+    added.push_back({{"id", next},
+                     {"content", token},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
                      {"special", true}});
     vocab[token] = next++;
   }
@@ -75,7 +79,9 @@ std::string TinyTokenizerJson(const std::vector<std::string>& special_tokens,
            {"use_regex", false}}}}}},
       {"post_processor", nullptr},
       {"decoder",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", false},
         {"use_regex", false}}},
       {"model",
        {{"type", "BPE"},

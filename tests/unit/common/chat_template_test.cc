@@ -134,7 +134,8 @@ TEST_F(ChatTemplateTest, BadConversationsNameTheProblem) {
   };
   expect_error(R"({"conversations":[{"role":"robot","content":"x"}]})", "unknown role \"robot\"");
   expect_error(R"({"conversations":[{"role":"user"}]})", "message 0: missing \"content\"");
-  expect_error(R"({"conversations":[{"role":"user","content":5}]})", "\"content\" must be a string");
+  expect_error(R"({"conversations":[{"role":"user","content":5}]})",
+               "\"content\" must be a string");
   expect_error(R"({"conversations":{}})", "must be an array");
   expect_error(R"({"text":"x"})", "neither");
   EXPECT_FALSE(Template("chatml").Render({{"user", "only a question", ""}}).ok());
@@ -151,8 +152,8 @@ TEST_F(ChatTemplateTest, RecordsPretokenizedAndTruncated) {
   EXPECT_EQ(pre->input_ids, (std::vector<int32_t>{5, 6, 7}));
   EXPECT_EQ(pre->loss_mask, (std::vector<uint8_t>{0, 1, 1}));
 
-  auto bad = SampleFromRecord(nlohmann::json::parse(R"({"input_ids":[5,6],"loss_mask":[1]})"),
-                              options);
+  auto bad =
+      SampleFromRecord(nlohmann::json::parse(R"({"input_ids":[5,6],"loss_mask":[1]})"), options);
   EXPECT_NE(bad.status().message().find("\"loss_mask\" has 1 entries"), std::string::npos);
   auto oov = SampleFromRecord(nlohmann::json::parse(R"({"input_ids":[5,100000]})"), options);
   EXPECT_NE(oov.status().message().find("\"input_ids\"[1]"), std::string::npos);
@@ -170,7 +171,11 @@ TEST_F(ChatTemplateTest, RecordsPretokenizedAndTruncated) {
 // With the real Qwen3 / Llama-3 tokenizers (fetched fixtures), the mask still
 // selects exactly the trained text.
 TEST(ChatTemplateFixtureTest, RealTokenizersMaskExactlyTheAssistantText) {
-  struct Case { const char* tokenizer; const char* chat_template; const char* trained; };
+  struct Case {
+    const char* tokenizer;
+    const char* chat_template;
+    const char* trained;
+  };
   for (Case c : {Case{"qwen3", "qwen3", "Hello.<|im_end|>4<|im_end|>"},
                  Case{"qwen3", "chatml", "Hello.<|im_end|>4<|im_end|>"},
                  Case{"llama3", "llama3", "Hello.<|eot_id|>4<|eot_id|>"}}) {

@@ -6,9 +6,12 @@ namespace specstream {
 namespace {
 
 TEST(DTypeTest, NamesAndSizesRoundTrip) {
-  struct Case { const char* name; size_t size; };
-  for (Case c : {Case{"F32", 4}, Case{"F16", 2}, Case{"BF16", 2}, Case{"I64", 8},
-                 Case{"I32", 4}, Case{"U8", 1}, Case{"BOOL", 1}}) {
+  struct Case {
+    const char* name;
+    size_t size;
+  };
+  for (Case c : {Case{"F32", 4}, Case{"F16", 2}, Case{"BF16", 2}, Case{"I64", 8}, Case{"I32", 4},
+                 Case{"U8", 1}, Case{"BOOL", 1}}) {
     auto dtype = ParseDType(c.name);
     ASSERT_TRUE(dtype.ok()) << c.name;
     EXPECT_EQ(DTypeName(*dtype), c.name);

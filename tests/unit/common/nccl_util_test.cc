@@ -32,9 +32,7 @@ TEST(NcclUtilTest, ErrorMacroNamesCallSite) {
   EXPECT_NE(s.message().find("ncclInvalidArgument"), std::string::npos) << s;
 }
 
-TEST(NcclUtilTest, DeviceCountIsZeroWithoutDriverNotACrash) {
-  EXPECT_GE(CudaDeviceCount(), 0);
-}
+TEST(NcclUtilTest, DeviceCountIsZeroWithoutDriverNotACrash) { EXPECT_GE(CudaDeviceCount(), 0); }
 
 }  // namespace
 }  // namespace specstream

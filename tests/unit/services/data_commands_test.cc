@@ -45,8 +45,7 @@ class DataCommandsTest : public ::testing::Test {
 };
 
 TEST_F(DataCommandsTest, TokenizeWritesOneIdsLinePerInputLine) {
-  testing::WriteFile(dir_.Join("in.jsonl"),
-                     "{\"text\":\"ab\"}\n\n{\"text\":\"<|im_start|>a\"}\n");
+  testing::WriteFile(dir_.Join("in.jsonl"), "{\"text\":\"ab\"}\n\n{\"text\":\"<|im_start|>a\"}\n");
   std::ostringstream out;
   TokenizeOptions options{dir_.Join("tok"), dir_.Join("in.jsonl"), ""};
   ASSERT_TRUE(RunTokenize(options, out).ok());
@@ -68,15 +67,14 @@ TEST_F(DataCommandsTest, MalformedLineFailsWithLineNumberAndLeavesNoOutput) {
                    dir_.Join("in.jsonl") + " --out " + dir_.Join("out.jsonl")),
             2);
   EXPECT_NE(testing::ReadFile(dir_.Join("stderr")).find("in.jsonl:3:"), std::string::npos);
-  EXPECT_EQ(DirectoryEntries(),
-            (std::vector<std::string>{"in.jsonl", "stderr", "stdout", "tok"}));
+  EXPECT_EQ(DirectoryEntries(), (std::vector<std::string>{"in.jsonl", "stderr", "stdout", "tok"}));
 }
 
 TEST_F(DataCommandsTest, RenderThenVocabMapThroughTheBinary) {
-  testing::WriteFile(
-      dir_.Join("conv.jsonl"),
-      "{\"conversations\":[{\"from\":\"human\",\"value\":\"hi\"},{\"from\":\"gpt\",\"value\":\"yo\"}]}\n"
-      "{\"input_ids\":[1,2,3],\"loss_mask\":[0,1,1]}\n");
+  testing::WriteFile(dir_.Join("conv.jsonl"),
+                     "{\"conversations\":[{\"from\":\"human\",\"value\":\"hi\"},{\"from\":\"gpt\","
+                     "\"value\":\"yo\"}]}\n"
+                     "{\"input_ids\":[1,2,3],\"loss_mask\":[0,1,1]}\n");
   ASSERT_EQ(RunCli("data render --tokenizer " + dir_.Join("tok") + " --template chatml --input " +
                    dir_.Join("conv.jsonl") + " --out " + dir_.Join("rendered.jsonl")),
             0)

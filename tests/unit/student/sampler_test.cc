@@ -44,7 +44,8 @@ TEST(SamplerTest, DeterministicAcrossInstancesAndDifferentAcrossEpochsAndSeeds) 
 TEST(SamplerTest, PinnedOrderDoesNotDriftAcrossReleases) {
   // Changing the data order silently would break exact resume of old jobs.
   EXPECT_EQ(Make(10, 0, 1, 42)->Indices(0),
-            (std::vector<int64_t>{4, 6, 7, 0, 9, 5, 1, 2, 3, 8}));  // checked by an independent Python SplitMix64
+            (std::vector<int64_t>{4, 6, 7, 0, 9, 5, 1, 2, 3,
+                                  8}));  // checked by an independent Python SplitMix64
 }
 
 TEST(SamplerTest, PaddingWrapsAndDropLastTruncates) {

@@ -14,8 +14,8 @@ TEST(FusedSoftCrossEntropyTest, MatchesNaiveLossGradientsAndArgmax) {
     torch::Tensor target_argmax = target_logp.argmax(-1);
     torch::Tensor row_weight = (torch::rand({2, 9}) > 0.3).to(torch::kFloat32);
 
-    auto fused = FusedSoftCrossEntropy(hidden, weight, target_logp, target_argmax, row_weight,
-                                       chunk);
+    auto fused =
+        FusedSoftCrossEntropy(hidden, weight, target_logp, target_argmax, row_weight, chunk);
     auto [gh, gw] = [&] {
       auto g = torch::autograd::grad({fused.loss * 1.7}, {hidden, weight});
       return std::make_pair(g[0], g[1]);
@@ -38,8 +38,8 @@ TEST(FusedSoftCrossEntropyTest, ZeroWeightRowsContributeNothing) {
   torch::Tensor hidden = torch::randn({1, 4, 3}, torch::requires_grad());
   torch::Tensor weight = torch::randn({5, 3}, torch::requires_grad());
   torch::Tensor target = torch::log_softmax(torch::randn({1, 4, 5}), -1);
-  auto out = FusedSoftCrossEntropy(hidden, weight, target, target.argmax(-1),
-                                   torch::zeros({1, 4}), 2);
+  auto out =
+      FusedSoftCrossEntropy(hidden, weight, target, target.argmax(-1), torch::zeros({1, 4}), 2);
   EXPECT_EQ(out.loss.item<double>(), 0.0);
   EXPECT_EQ(out.correct.item<int64_t>(), 0);
   auto g = torch::autograd::grad({out.loss}, {hidden, weight});

@@ -36,9 +36,19 @@ std::vector<Field> Parse(const std::string& data) {
     uint64_t key = varint();
     Field f{static_cast<int>(key >> 3), static_cast<int>(key & 7)};
     if (f.wire == 0) f.varint = varint();
-    if (f.wire == 1) { f.bytes = data.substr(i, 8); i += 8; }
-    if (f.wire == 5) { f.bytes = data.substr(i, 4); i += 4; }
-    if (f.wire == 2) { size_t n = varint(); f.bytes = data.substr(i, n); i += n; }
+    if (f.wire == 1) {
+      f.bytes = data.substr(i, 8);
+      i += 8;
+    }
+    if (f.wire == 5) {
+      f.bytes = data.substr(i, 4);
+      i += 4;
+    }
+    if (f.wire == 2) {
+      size_t n = varint();
+      f.bytes = data.substr(i, n);
+      i += n;
+    }
     fields.push_back(f);
   }
   return fields;

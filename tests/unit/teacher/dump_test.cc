@@ -94,8 +94,8 @@ TEST_F(DumpTest, WritesEverySampleWithTheRuntimesCaptures) {
   ASSERT_EQ(by_name.count("aux_hidden"), 1u);
   torch::Tensor ids = BorrowView(by_name["input_ids"]);
   EXPECT_TRUE(torch::equal(ids, torch::tensor({4, 5, 6, 7}, torch::kInt32)));
-  EXPECT_TRUE(torch::equal(BorrowView(by_name["loss_mask"]),
-                           torch::tensor({0, 1, 1, 1}, torch::kUInt8)));
+  EXPECT_TRUE(
+      torch::equal(BorrowView(by_name["loss_mask"]), torch::tensor({0, 1, 1, 1}, torch::kUInt8)));
   ForwardRequest request;
   request.sequences = {{4, 5, 6, 7}};
   request.want_target_ids = true;
@@ -144,8 +144,7 @@ TEST_F(DumpTest, BadRecordNamesTheLine) {
   auto summary = RunDump(*runtime_, options);
   ASSERT_FALSE(summary.ok());
   EXPECT_EQ(summary.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(summary.status().message().find("bad.jsonl:2:"), std::string::npos)
-      << summary.status();
+  EXPECT_NE(summary.status().message().find("bad.jsonl:2:"), std::string::npos) << summary.status();
   EXPECT_NE(summary.status().message().find("\"input_ids\"[1] = 999"), std::string::npos)
       << summary.status();
 }

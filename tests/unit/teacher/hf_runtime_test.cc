@@ -177,7 +177,10 @@ TEST(HfRuntimeTest, TensorParallelTwoMatchesOne) {
       r.rank = 1;
       r.master_port = port;
       auto group = CreateGlooGroup(r);
-      if (!group.ok()) { follower_status = group.status(); return; }
+      if (!group.ok()) {
+        follower_status = group.status();
+        return;
+      }
       HfRuntimeOptions options;
       options.model_dir = dir.path();
       options.dtype = "float32";
@@ -185,7 +188,10 @@ TEST(HfRuntimeTest, TensorParallelTwoMatchesOne) {
       options.tp_size = 2;
       options.group = group->group;
       auto runtime = HfRuntime::Create(options);
-      if (!runtime.ok()) { follower_status = runtime.status(); return; }
+      if (!runtime.ok()) {
+        follower_status = runtime.status();
+        return;
+      }
       follower_status = (*runtime)->RunFollower();
     });
     auto group = CreateGlooGroup(rendezvous, *server);

@@ -1,0 +1,397 @@
+#include "student/context_parallel.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "common/torch/process_group.h"
+
+namespace specstream::student {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels in the autograd context as a capsule so that the graph
+// keeps it alive until backward. c10d groups are always intrusive_ptr-owned,
+// so reclaiming a counted reference from the raw object is safe.
+c10::IValue GroupCapsule(c10d::ProcessGroup& group) {
+  return c10::IValue::make_capsule(c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group));
+}
+
+c10d::ProcessGroup& GroupFrom(AutogradContext* ctx) {
+  return *static_cast<c10d::ProcessGroup*>(ctx->saved_data["group"].toCapsule().get());
+}
+
+// Gloo all-reduces neither bf16 nor fp16: those go over the wire as fp32.
+torch::ScalarType WireType(torch::ScalarType type) {
+  return type == torch::kBFloat16 || type == torch::kFloat16 ? torch::kFloat32 : type;
+}
+
+// ---------------------------------------------------------------------------
+// Sequence all-gather.
+
+class SequenceAllGatherFunction final
+    : public torch::autograd::Function<SequenceAllGatherFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& local,
+                               c10d::ProcessGroup* group) {
+    const int cp = group->getSize();
+    ctx->saved_data["group"] = GroupCapsule(*group);
+    ctx->saved_data["shard"] = local.size(1);
+    std::vector<int64_t> shape = local.sizes().vec();
+    shape[1] *= cp;
+    // Same shape on every rank, so an empty shard is empty everywhere and no
+    // rank communicates.
+    if (local.numel() == 0) return torch::zeros(shape, local.options());
+    torch::Tensor wire = local.to(WireType(local.scalar_type())).contiguous();
+    std::vector<std::vector<torch::Tensor>> outputs(1);
+    for (int i = 0; i < cp; ++i) outputs[0].push_back(torch::empty_like(wire));
+    std::vector<torch::Tensor> inputs{wire};
+    group->allgather(outputs, inputs)->wait();
+    return torch::cat(outputs[0], 1).to(local.scalar_type());
+  }
+
+  // Padded reduce-scatter(SUM): every rank's gathered copy received a
+  // gradient; the owner of rows [r·Tpad, (r+1)·Tpad) gets their sum. Gloo has
+  // no reduce_scatter, so all ranks all-reduce the whole gradient and slice
+  // (cp× the traffic of a true reduce-scatter; the gathered tensors are the
+  // fc-projected H-wide features, so this stays small).
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    c10d::ProcessGroup& group = GroupFrom(ctx);
+    const int64_t shard = ctx->saved_data["shard"].toInt();
+    const torch::Tensor& grad = grad_outputs[0];
+    if (grad.numel() == 0) return {grad.narrow(1, 0, shard), torch::Tensor()};
+    torch::Tensor sum =
+        grad.to(WireType(grad.scalar_type()), /*non_blocking=*/false, /*copy=*/true).contiguous();
+    const absl::Status status = AllReduceSum(group, sum);
+    TORCH_CHECK(status.ok(), "SequenceAllGather backward: ", status.ToString());
+    return {sum.narrow(1, group.getRank() * shard, shard).to(grad.scalar_type()), torch::Tensor()};
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Ring attention.
+
+// Layout as in ttt_attention.cc: q is viewed as [B, Hkv, G, T, D] (G = Hq /
+// Hkv, HF repeat_kv grouping) and a query chunk [qs, qs + L) is flattened to
+// [B, Hkv, G·L, D], so one batched matmul against a key chunk [B, Hkv, Lk, D]
+// serves every query head of a kv head and the transposed products sum the
+// group's dK/dV for free.
+struct Dims {
+  int64_t batch, q_heads, kv_heads, group, t, d;
+};
+
+Dims DimsOf(const torch::Tensor& q, const torch::Tensor& k) {
+  return Dims{q.size(0), q.size(1), k.size(1), q.size(1) / k.size(1), q.size(2), q.size(3)};
+}
+
+torch::ScalarType ComputeType(torch::ScalarType input) {
+  return input == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+// Query rows [start, start + len) of a [B, Hkv, G, T, D] tensor as
+// [B, Hkv, G·len, D] in the compute type.
+torch::Tensor FlatRows(const torch::Tensor& x5, int64_t start, int64_t len, const Dims& dims,
+                       torch::ScalarType type) {
+  return x5.narrow(3, start, len)
+      .to(type)
+      .reshape({dims.batch, dims.kv_heads, dims.group * len, dims.d});
+}
+
+// Scaled scores of a flattened query chunk against key chunk [ks, ks + lk) of
+// a block. On the diagonal block (the rank's own keys, same global offset as
+// its queries) key j is hidden from query i when j > i; off-diagonal blocks
+// that are computed at all lie wholly before the queries.
+torch::Tensor BlockScores(const torch::Tensor& qb, const torch::Tensor& kb, int64_t qs, int64_t len,
+                          int64_t ks, int64_t lk, bool diagonal, double scale, const Dims& dims) {
+  torch::Tensor s = torch::matmul(qb, kb.transpose(-1, -2)).mul_(scale);
+  if (diagonal && ks + lk - 1 > qs) {
+    torch::Tensor rows = torch::arange(qs, qs + len, torch::kInt64).unsqueeze(1);
+    torch::Tensor cols = torch::arange(ks, ks + lk, torch::kInt64).unsqueeze(0);
+    s.view({dims.batch, dims.kv_heads, dims.group, len, lk})
+        .masked_fill_(cols > rows, -std::numeric_limits<double>::infinity());
+  }
+  return s;
+}
+
+// Keys of the block visible to query chunk [qs, qs + len): all of them off
+// the diagonal, those up to the chunk's last query on it.
+int64_t VisibleKeys(int64_t qs, int64_t len, int64_t t, bool diagonal) {
+  return diagonal ? qs + len : t;
+}
+
+// Partial attention of every local query over one K/V block: the output
+// normalised within the block and its per-row logsumexp, [B, Hkv, G, T, D] and
+// [B, Hkv, G, T] in the compute type. Every row sees at least one key (the
+// diagonal block always includes the row's own position; off-diagonal blocks
+// are wholly visible), so the lse is finite.
+std::pair<torch::Tensor, torch::Tensor> BlockForward(const torch::Tensor& q5,
+                                                     const torch::Tensor& kv, bool diagonal,
+                                                     double scale, int64_t block, const Dims& dims,
+                                                     torch::ScalarType ct) {
+  torch::Tensor out5 =
+      torch::empty({dims.batch, dims.kv_heads, dims.group, dims.t, dims.d}, q5.options().dtype(ct));
+  torch::Tensor lse4 =
+      torch::empty({dims.batch, dims.kv_heads, dims.group, dims.t}, q5.options().dtype(ct));
+  for (int64_t qs = 0; qs < dims.t; qs += block) {
+    const int64_t len = std::min(block, dims.t - qs);
+    torch::Tensor qb = FlatRows(q5, qs, len, dims, ct);
+    // Online softmax; the first key chunk is visible to every row, so `m` is
+    // finite after it and exp(m_old - m_new) never sees -inf - (-inf).
+    torch::Tensor m = torch::full({dims.batch, dims.kv_heads, dims.group * len},
+                                  -std::numeric_limits<double>::infinity(), qb.options());
+    torch::Tensor l = torch::zeros_like(m);
+    torch::Tensor acc = torch::zeros_like(qb);
+    const int64_t keys = VisibleKeys(qs, len, dims.t, diagonal);
+    for (int64_t ks = 0; ks < keys; ks += block) {
+      const int64_t lk = std::min(block, keys - ks);
+      torch::Tensor kb = kv[0].narrow(2, ks, lk).to(ct);
+      torch::Tensor vb = kv[1].narrow(2, ks, lk).to(ct);
+      torch::Tensor s = BlockScores(qb, kb, qs, len, ks, lk, diagonal, scale, dims);
+      torch::Tensor m_new = torch::maximum(m, s.amax(-1));
+      torch::Tensor alpha = (m - m_new).exp_();
+      torch::Tensor p = s.sub_(m_new.unsqueeze(-1)).exp_();
+      l.mul_(alpha).add_(p.sum(-1));
+      acc.mul_(alpha.unsqueeze(-1)).add_(torch::matmul(p, vb));
+      m = m_new;
+    }
+    out5.narrow(3, qs, len)
+        .copy_((acc / l.unsqueeze(-1)).view({dims.batch, dims.kv_heads, dims.group, len, dims.d}));
+    lse4.narrow(3, qs, len).copy_((m + l.log()).view({dims.batch, dims.kv_heads, dims.group, len}));
+  }
+  return {out5, lse4};
+}
+
+// Gradient contributions of one K/V block, recomputed from the final lse:
+// adds into dq5 ([B, Hkv, G, T, D]) and dkv ([2, B, Hkv, T, D]), both in the
+// compute type. `delta4` is rowsum(dO ∘ O) - dlse: the softmax-Jacobian
+// correction with the lse output's own gradient folded in (d lse / d s = P).
+void BlockBackward(const torch::Tensor& q5, const torch::Tensor& do5, const torch::Tensor& lse4,
+                   const torch::Tensor& delta4, const torch::Tensor& kv, bool diagonal,
+                   double scale, int64_t block, const Dims& dims, torch::ScalarType ct,
+                   torch::Tensor& dq5, torch::Tensor& dkv) {
+  for (int64_t qs = 0; qs < dims.t; qs += block) {
+    const int64_t len = std::min(block, dims.t - qs);
+    const int64_t rows = dims.group * len;
+    torch::Tensor qb = FlatRows(q5, qs, len, dims, ct);
+    torch::Tensor dob = FlatRows(do5, qs, len, dims, ct);
+    torch::Tensor lseb = lse4.narrow(3, qs, len).reshape({dims.batch, dims.kv_heads, rows, 1});
+    torch::Tensor deltab = delta4.narrow(3, qs, len).reshape({dims.batch, dims.kv_heads, rows, 1});
+    torch::Tensor dqb = torch::zeros_like(qb);
+    const int64_t keys = VisibleKeys(qs, len, dims.t, diagonal);
+    for (int64_t ks = 0; ks < keys; ks += block) {
+      const int64_t lk = std::min(block, keys - ks);
+      torch::Tensor kb = kv[0].narrow(2, ks, lk).to(ct);
+      torch::Tensor vb = kv[1].narrow(2, ks, lk).to(ct);
+      torch::Tensor p =
+          BlockScores(qb, kb, qs, len, ks, lk, diagonal, scale, dims).sub_(lseb).exp_();
+      dkv[1].narrow(2, ks, lk).add_(torch::matmul(p.transpose(-1, -2), dob));
+      torch::Tensor ds = torch::matmul(dob, vb.transpose(-1, -2)).sub_(deltab).mul_(p);
+      dqb.add_(torch::matmul(ds, kb));
+      dkv[0].narrow(2, ks, lk).add_(torch::matmul(ds.transpose(-1, -2), qb), scale);
+    }
+    dq5.narrow(3, qs, len)
+        .add_(dqb.mul_(scale).view({dims.batch, dims.kv_heads, dims.group, len, dims.d}));
+  }
+}
+
+// One ring hop: send `out` to the next rank, receive `in` from the previous
+// one (non-blocking both ways; wait on both before reusing either buffer).
+class RingHop final {
+ public:
+  RingHop(c10d::ProcessGroup& group, const torch::Tensor& out, torch::Tensor& in, int tag) {
+    const int rank = group.getRank(), cp = group.getSize();
+    send_buffers_ = {out};
+    recv_buffers_ = {in};
+    send_ = group.send(send_buffers_, (rank + 1) % cp, tag);
+    recv_ = group.recv(recv_buffers_, (rank + cp - 1) % cp, tag);
+  }
+  void Wait() {
+    recv_->wait();
+    send_->wait();
+  }
+
+ private:
+  std::vector<torch::Tensor> send_buffers_, recv_buffers_;
+  c10::intrusive_ptr<c10d::Work> send_, recv_;
+};
+
+// Tags: forward K/V hops use [base, base + cp), backward K/V hops
+// [base + cp, base + 2cp), backward dK/dV hops [base + 2cp, base + 3cp).
+class RingCausalAttentionFunction final
+    : public torch::autograd::Function<RingCausalAttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, c10d::ProcessGroup* group, double scale,
+                               int64_t block, int64_t tag_base) {
+    const int rank = group->getRank(), cp = group->getSize();
+    const Dims dims = DimsOf(q, k);
+    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    torch::Tensor out5 = torch::zeros({dims.batch, dims.kv_heads, dims.group, dims.t, dims.d},
+                                      q.options().dtype(ct));
+    torch::Tensor lse4 = torch::full({dims.batch, dims.kv_heads, dims.group, dims.t},
+                                     -std::numeric_limits<double>::infinity(), out5.options());
+    if (dims.t > 0) {
+      const torch::Tensor q5 = q.reshape({dims.batch, dims.kv_heads, dims.group, dims.t, dims.d});
+      torch::Tensor kv = torch::stack({k, v});  // one message per hop, in the input dtype
+      for (int s = 0; s < cp; ++s) {
+        const int src = (rank - s + cp) % cp;  // owner of the block held at hop s
+        torch::Tensor next;
+        std::unique_ptr<RingHop> hop;
+        if (s + 1 < cp) {
+          next = torch::empty_like(kv);
+          hop = std::make_unique<RingHop>(*group, kv, next, static_cast<int>(tag_base + s));
+        }
+        // Blocks of later ranks are wholly in the future of every local query.
+        if (src <= rank) {
+          auto [block_out, block_lse] = BlockForward(q5, kv, src == rank, scale, block, dims, ct);
+          // Log-sum-exp merge; the first block (s = 0) is the rank's own,
+          // where every row has a finite lse, so the -inf start washes out.
+          torch::Tensor merged = torch::logaddexp(lse4, block_lse);
+          out5.mul_((lse4 - merged).exp_().unsqueeze(-1))
+              .add_(block_out.mul_((block_lse - merged).exp_().unsqueeze(-1)));
+          lse4 = merged;
+        }
+        if (hop) {
+          hop->Wait();
+          kv = next;
+        }
+      }
+    }
+    torch::Tensor out = out5.view(q.sizes()).to(q.scalar_type());
+    torch::Tensor lse = lse4.view({dims.batch, dims.q_heads, dims.t});
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["group"] = GroupCapsule(*group);
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["tag_base"] = tag_base;
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3],
+                        &lse = saved[4];
+    c10d::ProcessGroup& group = GroupFrom(ctx);
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t block = ctx->saved_data["block"].toInt();
+    const int64_t tag_base = ctx->saved_data["tag_base"].toInt();
+    const int rank = group.getRank(), cp = group.getSize();
+    const Dims dims = DimsOf(q, k);
+    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const torch::Tensor none;
+    if (dims.t == 0) {
+      return {
+          torch::zeros_like(q), torch::zeros_like(k), torch::zeros_like(v), none, none, none, none};
+    }
+
+    auto as5 = [&](const torch::Tensor& x) {
+      return x.reshape({dims.batch, dims.kv_heads, dims.group, dims.t, dims.d});
+    };
+    // Gradients are materialised (zeros for an unused output).
+    const torch::Tensor q5 = as5(q), do5 = as5(grad_outputs[0]);
+    const torch::Tensor lse4 = lse.view({dims.batch, dims.kv_heads, dims.group, dims.t});
+    const torch::Tensor delta4 =
+        (do5.to(ct) * as5(out).to(ct)).sum(-1).sub_(grad_outputs[1].to(ct).reshape_as(lse4));
+    torch::Tensor dq5 = torch::zeros(q5.sizes(), q.options().dtype(ct));
+    torch::Tensor kv = torch::stack({k, v});
+    // The accumulator travels with its K/V block: after hop s it holds the
+    // contributions of ranks src..src+s; the final hop (s = cp - 1) hands it
+    // to rank src + cp = src, the owner.
+    torch::Tensor dkv = torch::zeros(kv.sizes(), kv.options().dtype(ct));
+    for (int s = 0; s < cp; ++s) {
+      const int src = (rank - s + cp) % cp;
+      torch::Tensor next;
+      std::unique_ptr<RingHop> kv_hop;
+      if (s + 1 < cp) {
+        next = torch::empty_like(kv);
+        kv_hop = std::make_unique<RingHop>(group, kv, next, static_cast<int>(tag_base + cp + s));
+      }
+      if (src <= rank) {
+        BlockBackward(q5, do5, lse4, delta4, kv, src == rank, scale, block, dims, ct, dq5, dkv);
+      }
+      if (cp > 1) {
+        torch::Tensor dkv_next = torch::empty_like(dkv);
+        RingHop dkv_hop(group, dkv, dkv_next, static_cast<int>(tag_base + 2 * cp + s));
+        dkv_hop.Wait();
+        dkv = dkv_next;
+      }
+      if (kv_hop) {
+        kv_hop->Wait();
+        kv = next;
+      }
+    }
+    return {dq5.view(q.sizes()).to(q.scalar_type()),
+            dkv[0].to(k.scalar_type()),
+            dkv[1].to(v.scalar_type()),
+            none,
+            none,
+            none,
+            none};
+  }
+};
+
+}  // namespace
+
+int64_t PaddedShardLength(int64_t total_length, int64_t cp_size) {
+  TORCH_CHECK(total_length >= 0, "PaddedShardLength: negative length ", total_length);
+  TORCH_CHECK(cp_size >= 1, "PaddedShardLength: cp_size must be >= 1, got ", cp_size);
+  return (total_length + cp_size - 1) / cp_size;
+}
+
+CpShard ShardRange(int64_t total_length, int64_t cp_size, int64_t cp_rank) {
+  TORCH_CHECK(cp_rank >= 0 && cp_rank < cp_size, "ShardRange: cp_rank ", cp_rank,
+              " must be in [0, ", cp_size, ")");
+  CpShard shard;
+  shard.padded_length = PaddedShardLength(total_length, cp_size);
+  shard.begin = cp_rank * shard.padded_length;
+  shard.length = std::clamp(total_length - shard.begin, int64_t{0}, shard.padded_length);
+  return shard;
+}
+
+torch::Tensor ShardSequence(const torch::Tensor& full, int64_t dim, int64_t cp_size,
+                            int64_t cp_rank) {
+  TORCH_CHECK(full.dim() > 0, "ShardSequence: a scalar has no sequence dim");
+  dim = c10::maybe_wrap_dim(dim, full.dim());
+  const CpShard shard = ShardRange(full.size(dim), cp_size, cp_rank);
+  torch::Tensor real = full.narrow(dim, std::min(shard.begin, full.size(dim)), shard.length);
+  if (shard.length == shard.padded_length) return real.contiguous();
+  std::vector<int64_t> pad_shape = full.sizes().vec();
+  pad_shape[dim] = shard.padded_length - shard.length;
+  return torch::cat({real, torch::zeros(pad_shape, full.options())}, dim);
+}
+
+torch::Tensor ShardValidMask(int64_t total_length, int64_t cp_size, int64_t cp_rank) {
+  const CpShard shard = ShardRange(total_length, cp_size, cp_rank);
+  return torch::arange(shard.padded_length, torch::kInt64) < shard.length;
+}
+
+torch::Tensor SequenceAllGather(const torch::Tensor& local, c10d::ProcessGroup& cp_group) {
+  TORCH_CHECK(local.dim() >= 2, "SequenceAllGather: expected [B, Tpad, ...], got ", local.sizes());
+  return SequenceAllGatherFunction::apply(local, &cp_group);
+}
+
+RingAttentionOutput RingCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                        const torch::Tensor& v, c10d::ProcessGroup& cp_group,
+                                        const RingAttentionOptions& options) {
+  TORCH_CHECK(q.dim() == 4, "RingCausalAttention: q must be [B, Hq, Tpad, D], got ", q.sizes());
+  TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes(),
+              "RingCausalAttention: k and v must both be [B, Hkv, Tpad, D], got ", k.sizes(),
+              " and ", v.sizes());
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3),
+              "RingCausalAttention: k ", k.sizes(), " does not match q ", q.sizes());
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "RingCausalAttention: Hq (", q.size(1),
+              ") must be a multiple of Hkv (", k.size(1), ")");
+  TORCH_CHECK(options.block_size > 0, "RingCausalAttention: block_size must be positive");
+  TORCH_CHECK(options.tag_base >= 0, "RingCausalAttention: tag_base must be >= 0");
+  TORCH_CHECK(at::isFloatingType(q.scalar_type()) && k.scalar_type() == q.scalar_type() &&
+                  v.scalar_type() == q.scalar_type(),
+              "RingCausalAttention: q, k and v must share a floating dtype");
+  variable_list outputs = RingCausalAttentionFunction::apply(
+      q, k, v, &cp_group, options.scale, options.block_size, int64_t{options.tag_base});
+  return RingAttentionOutput{outputs[0], outputs[1]};
+}
+
+}  // namespace specstream::student

@@ -1,0 +1,108 @@
+// Context-parallel (CP) primitives for the draft trainer (DESIGN.md §6): one
+// sequence split into contiguous shards over the ranks of a CP group.
+//
+//  * Layout: PaddedShardLength / ShardRange / ShardSequence say which global
+//    positions a rank owns. Every rank holds the same static number of rows,
+//    ceil(T / cp_size); the trailing shards are padded at the END (rows past
+//    T), and a shard may be entirely padding when T < cp_size.
+//  * SequenceAllGather: the autograd-correct all-gather of equal shards along
+//    dim 1; its backward is a padded reduce-scatter(SUM), done as all_reduce +
+//    slice because Gloo has no reduce_scatter.
+//  * RingCausalAttention: the step-0 causal block of TTT attention with K/V
+//    blocks passed around the CP group (point-to-point send/recv), merged by
+//    log-sum-exp, with a backward that returns dK/dV to their owners. It also
+//    returns the per-row logsumexp so that the caller can merge the TTT
+//    diagonal keys (which only touch the same position, so stay local).
+//
+// Collectives: every function here is a collective over `cp_group`; all ranks
+// of the group must call it in the same order with same-shaped shards, and the
+// backward passes are collectives too (so every rank must run backward through
+// the same calls, in the same order). The group must outlive the backward; it
+// is kept alive by the autograd graph (c10d groups are intrusive_ptr-owned).
+//
+// Thread-safety: pure functions of their inputs; distinct groups may be used
+// from distinct threads (the tests run one rank per thread).
+#ifndef SPECSTREAM_STUDENT_CONTEXT_PARALLEL_H_
+#define SPECSTREAM_STUDENT_CONTEXT_PARALLEL_H_
+
+#include <cstdint>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace specstream::student {
+
+// Where one CP rank's shard sits in a sequence of `total_length` positions.
+struct CpShard {
+  int64_t begin = 0;          // global position of the shard's first row: cp_rank * padded_length
+  int64_t length = 0;         // real (non-padding) rows, in [0, padded_length]
+  int64_t padded_length = 0;  // rows every rank holds: ceil(total_length / cp_size)
+};
+
+// ceil(total_length / cp_size); 0 for an empty sequence. Throws c10::Error on
+// a negative length or cp_size < 1.
+int64_t PaddedShardLength(int64_t total_length, int64_t cp_size);
+
+// The contiguous shard of `cp_rank` in [0, cp_size): rows
+// [begin, begin + length) are real, rows [begin + length, begin +
+// padded_length) are padding. Shards tile [0, cp_size * padded_length) in rank
+// order; `length` is 0 for ranks whose shard starts at or past total_length.
+CpShard ShardRange(int64_t total_length, int64_t cp_size, int64_t cp_rank);
+
+// This rank's shard of `full` along `dim` (size T there), zero-padded at the
+// end to padded_length rows: a new contiguous tensor (no autograd link to
+// positions of other ranks; differentiable with respect to `full`).
+torch::Tensor ShardSequence(const torch::Tensor& full, int64_t dim, int64_t cp_size,
+                            int64_t cp_rank);
+
+// True for the real rows of this rank's shard: a bool tensor [padded_length].
+torch::Tensor ShardValidMask(int64_t total_length, int64_t cp_size, int64_t cp_rank);
+
+// local: [B, Tpad, ...], this rank's shard (the same shape on every rank).
+// Returns [B, cp_size * Tpad, ...]: the shards in rank order (padding rows
+// included; narrow dim 1 to T for the real sequence). Differentiable: the
+// gradient of a shard is the SUM over ranks of the gradients of its rows in
+// every rank's gathered copy (all_reduce + slice). bf16/fp16 travel as fp32;
+// the result and the gradient keep the input dtype. Throws c10::Error on a
+// communication failure or a tensor with fewer than two dims.
+torch::Tensor SequenceAllGather(const torch::Tensor& local, c10d::ProcessGroup& cp_group);
+
+struct RingAttentionOptions {
+  double scale = 1.0;        // usually 1/sqrt(head_dim)
+  int64_t block_size = 128;  // query and key rows per compute block (memory: O(block²·heads))
+  int tag_base = 0;          // p2p tags used: [tag_base, tag_base + 3·cp_size)
+};
+
+struct RingAttentionOutput {
+  torch::Tensor out;  // [B, Hq, Tpad, D] in q's dtype
+  torch::Tensor lse;  // [B, Hq, Tpad] per-row logsumexp of the scaled scores, fp32 (fp64 for fp64)
+};
+
+// Causal attention of this rank's query shard over the keys of every shard at
+// or before it. q: [B, Hq, Tpad, D]; k, v: [B, Hkv, Tpad, D]; rank r holds
+// global positions [r·Tpad, (r+1)·Tpad) (ShardRange). The result equals rows
+// [r·Tpad, (r+1)·Tpad) of full causal attention over the gathered sequence,
+// with GQA as HF repeat_kv (query head h reads kv head h / (Hq / Hkv)).
+//
+// Padding needs no mask: padding rows sit at the END of the sequence, so a
+// real query (position < T) never sees a padded key under the causal mask.
+// Padded query rows produce values the caller must ignore (loss mask); when
+// their output and lse gradients are zero, they contribute no gradient.
+//
+// Differentiable with respect to q, k, v through both outputs (a caller may
+// merge extra keys using lse: out' = out·exp(lse - lse') + ..., and the
+// gradient through lse is honoured). Forward: cp_size - 1 ring passes of the
+// K/V block (isend to rank+1, recv from rank-1, overlapped with compute).
+// Backward: recomputes scores blockwise from the saved lse; dQ stays local;
+// each K/V block travels the ring again with an fp32 dK/dV accumulator that
+// returns to the block's owner after a full cycle. Memory beyond inputs and
+// outputs: two K/V blocks, two dK/dV accumulators, O(block²·heads) scratch.
+// Scores and accumulators are fp32 (fp64 for fp64 inputs). Throws c10::Error
+// on bad shapes or a communication failure.
+RingAttentionOutput RingCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                        const torch::Tensor& v, c10d::ProcessGroup& cp_group,
+                                        const RingAttentionOptions& options);
+
+}  // namespace specstream::student
+
+#endif  // SPECSTREAM_STUDENT_CONTEXT_PARALLEL_H_

@@ -1,0 +1,409 @@
+// Context-parallel primitives: the shard layout (pure functions), the
+// autograd all-gather (the DESIGN's two-rank check and random shapes against
+// the analytic gradient) and ring causal attention against full single-process
+// causal attention (forward, lse and every gradient), with cp ranks run as
+// threads, each with its own Gloo group over one TCPStore.
+#include "student/context_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/torch/process_group.h"
+#include "gtest/gtest.h"
+#include "student/ttt_attention.h"
+
+namespace specstream::student {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Layout.
+
+TEST(CpLayoutTest, EvenSplit) {
+  for (int64_t r = 0; r < 4; ++r) {
+    const CpShard shard = ShardRange(8, 4, r);
+    EXPECT_EQ(shard.begin, 2 * r);
+    EXPECT_EQ(shard.length, 2);
+    EXPECT_EQ(shard.padded_length, 2);
+  }
+}
+
+TEST(CpLayoutTest, OddLengthsPadTheTrailingShards) {
+  EXPECT_EQ(PaddedShardLength(7, 2), 4);
+  EXPECT_EQ(ShardRange(7, 2, 0).length, 4);
+  EXPECT_EQ(ShardRange(7, 2, 1).begin, 4);
+  EXPECT_EQ(ShardRange(7, 2, 1).length, 3);
+  // T = 10 over 4: static length 3, the last shard holds one real row.
+  const std::vector<int64_t> lengths = {3, 3, 3, 1};
+  for (int64_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(ShardRange(10, 4, r).begin, 3 * r);
+    EXPECT_EQ(ShardRange(10, 4, r).length, lengths[r]) << "rank " << r;
+  }
+}
+
+TEST(CpLayoutTest, ShorterThanCpSizeLeavesEmptyShards) {
+  EXPECT_EQ(PaddedShardLength(3, 4), 1);
+  EXPECT_EQ(ShardRange(3, 4, 2).length, 1);
+  EXPECT_EQ(ShardRange(3, 4, 3).begin, 3);
+  EXPECT_EQ(ShardRange(3, 4, 3).length, 0);
+  EXPECT_EQ(ShardRange(1, 4, 0).length, 1);
+  EXPECT_EQ(ShardRange(1, 4, 1).length, 0);
+  EXPECT_EQ(ShardRange(0, 4, 0).padded_length, 0);
+  EXPECT_EQ(ShardRange(0, 4, 3).length, 0);
+}
+
+// Shards tile the sequence in rank order with equal static lengths, and the
+// padding is less than one row per rank.
+TEST(CpLayoutTest, ShardsTileEverySequence) {
+  for (int64_t cp = 1; cp <= 5; ++cp) {
+    for (int64_t t = 0; t <= 23; ++t) {
+      const int64_t padded = PaddedShardLength(t, cp);
+      EXPECT_GE(padded * cp, t);
+      EXPECT_LT(padded * cp - t, cp);
+      int64_t next = 0;
+      for (int64_t r = 0; r < cp; ++r) {
+        const CpShard shard = ShardRange(t, cp, r);
+        EXPECT_EQ(shard.padded_length, padded);
+        EXPECT_EQ(shard.begin, r * padded);
+        if (shard.length > 0) {
+          EXPECT_EQ(shard.begin, next) << "T=" << t << " cp=" << cp << " rank " << r;
+          next = shard.begin + shard.length;
+        }
+      }
+      EXPECT_EQ(next, t) << "T=" << t << " cp=" << cp;
+    }
+  }
+}
+
+TEST(CpLayoutTest, ShardSequenceCopiesAndZeroPads) {
+  torch::Tensor full = torch::arange(1, 11, torch::kFloat32).view({1, 10, 1});  // 1..10
+  torch::Tensor last = ShardSequence(full, 1, 4, 3);
+  ASSERT_EQ(last.sizes(), torch::IntArrayRef({1, 3, 1}));
+  EXPECT_TRUE(torch::equal(last.flatten(), torch::tensor({10.0F, 0.0F, 0.0F})));
+  EXPECT_TRUE(
+      torch::equal(ShardSequence(full, 1, 4, 1).flatten(), torch::tensor({4.0F, 5.0F, 6.0F})));
+  // An empty shard is all padding.
+  EXPECT_TRUE(
+      torch::equal(ShardSequence(full.narrow(1, 0, 3), -2, 4, 3).flatten(), torch::zeros({1})));
+  EXPECT_TRUE(torch::equal(ShardValidMask(10, 4, 3), torch::tensor({true, false, false})));
+  EXPECT_TRUE(torch::equal(ShardValidMask(10, 4, 0), torch::tensor({true, true, true})));
+  EXPECT_TRUE(torch::equal(ShardValidMask(3, 4, 3), torch::tensor({false})));
+}
+
+TEST(CpLayoutTest, RefusesBadArguments) {
+  EXPECT_THROW(PaddedShardLength(4, 0), c10::Error);
+  EXPECT_THROW(PaddedShardLength(-1, 2), c10::Error);
+  EXPECT_THROW(ShardRange(4, 2, 2), c10::Error);
+  EXPECT_THROW(ShardRange(4, 2, -1), c10::Error);
+}
+
+// ---------------------------------------------------------------------------
+// Multi-rank harness.
+
+// Runs fn(rank, group) on `cp` threads, each with its own Gloo group over one
+// TCPStore on a free loopback port. A c10::Error (or any std::exception) on a
+// rank becomes that rank's failure; the first failure is returned.
+absl::Status RunRanks(int cp, const std::function<void(int, c10d::ProcessGroup&)>& fn) {
+  RendezvousOptions rendezvous;
+  rendezvous.world_size = cp;
+  rendezvous.timeout = std::chrono::seconds(30);
+  int port = 0;
+  auto store = CreateTcpStore(rendezvous, &port);
+  if (!store.ok()) return store.status();
+  std::vector<absl::Status> statuses(cp);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < cp; ++rank) {
+    threads.emplace_back([&, rank] {
+      RendezvousOptions r = rendezvous;
+      r.rank = rank;
+      r.master_port = port;
+      auto group = rank == 0 ? CreateGlooGroup(r, *store) : CreateGlooGroup(r);
+      if (!group.ok()) {
+        statuses[rank] = group.status();
+        return;
+      }
+      try {
+        fn(rank, *group->group);
+      } catch (const std::exception& e) {
+        statuses[rank] = absl::InternalError("rank " + std::to_string(rank) + ": " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.numel() == 0 && b.numel() == 0) return 0;
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+// ---------------------------------------------------------------------------
+// SequenceAllGather.
+
+// DESIGN.md §6: ranks hold [1] and [2]; each computes sum(gathered²); the
+// owners receive gradients 2·x summed over both ranks: 4 and 8.
+TEST(SequenceAllGatherTest, TwoRankCheck) {
+  std::vector<torch::Tensor> gathered(2), grads(2);
+  ASSERT_TRUE(RunRanks(2, [&](int rank, c10d::ProcessGroup& group) {
+                torch::Tensor x = torch::full({1, 1}, rank + 1.0, torch::kFloat32);
+                x.requires_grad_(true);
+                torch::Tensor g = SequenceAllGather(x, group);
+                g.pow(2).sum().backward();
+                gathered[rank] = g.detach();
+                grads[rank] = x.grad();
+              }).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(torch::equal(gathered[rank], torch::tensor({{1.0F, 2.0F}}))) << gathered[rank];
+  }
+  EXPECT_EQ(grads[0].item<float>(), 4.0F);
+  EXPECT_EQ(grads[1].item<float>(), 8.0F);
+}
+
+// Each rank r weights its gathered copy by W_r; the gradient of shard j is
+// Σ_r W_r[:, rows of j]. Shards [2, 3, 4, 5]; cp = 2 and 4; fp32 and bf16.
+class SequenceAllGatherRandomTest
+    : public ::testing::TestWithParam<std::tuple<int, torch::ScalarType>> {};
+
+INSTANTIATE_TEST_SUITE_P(CpAndDtype, SequenceAllGatherRandomTest,
+                         ::testing::Values(std::make_tuple(2, torch::kFloat32),
+                                           std::make_tuple(4, torch::kFloat32),
+                                           std::make_tuple(2, torch::kBFloat16)));
+
+TEST_P(SequenceAllGatherRandomTest, MatchesAnalyticGradient) {
+  const auto [cp, dtype] = GetParam();
+  const int64_t shard = 3;
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> locals, weights;
+  for (int r = 0; r < cp; ++r) {
+    locals.push_back(torch::randn({2, shard, 4, 5}).to(dtype));
+    weights.push_back(torch::randn({2, cp * shard, 4, 5}).to(dtype));
+  }
+  std::vector<torch::Tensor> gathered(cp), grads(cp);
+  ASSERT_TRUE(RunRanks(cp, [&](int rank, c10d::ProcessGroup& group) {
+                torch::Tensor x = locals[rank].clone().requires_grad_(true);
+                torch::Tensor g = SequenceAllGather(x, group);
+                (g * weights[rank]).sum().backward();
+                gathered[rank] = g.detach();
+                grads[rank] = x.grad();
+              }).ok());
+  const torch::Tensor expected_gather = torch::cat(locals, 1);
+  torch::Tensor weight_sum = torch::zeros({2, cp * shard, 4, 5}, torch::kFloat64);
+  for (const torch::Tensor& w : weights) weight_sum += w.to(torch::kFloat64);
+  // bf16: the fp32 sum of cp bf16 weights rounded once to bf16.
+  const double tolerance = dtype == torch::kBFloat16 ? 1e-2 : 1e-6;
+  double gather_error = 0, grad_error = 0;
+  for (int r = 0; r < cp; ++r) {
+    EXPECT_EQ(gathered[r].scalar_type(), dtype);
+    EXPECT_EQ(grads[r].scalar_type(), dtype);
+    gather_error = std::max(gather_error, MaxAbsDiff(gathered[r], expected_gather));
+    grad_error = std::max(grad_error, MaxAbsDiff(grads[r], weight_sum.narrow(1, r * shard, shard)));
+  }
+  std::cout << "all-gather cp=" << cp << " " << dtype << ": gather error " << gather_error
+            << ", gradient error " << grad_error << "\n";
+  EXPECT_EQ(gather_error, 0);
+  EXPECT_LE(grad_error, tolerance);
+}
+
+TEST(SequenceAllGatherTest, EmptyShardsStayEmpty) {
+  std::vector<torch::Tensor> gathered(2), grads(2);
+  ASSERT_TRUE(RunRanks(2, [&](int rank, c10d::ProcessGroup& group) {
+                torch::Tensor x = torch::zeros({1, 0, 3}, torch::kFloat32).requires_grad_(true);
+                torch::Tensor g = SequenceAllGather(x, group);
+                g.sum().backward();
+                gathered[rank] = g.detach();
+                grads[rank] = x.grad();
+              }).ok());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(gathered[r].sizes(), torch::IntArrayRef({1, 0, 3}));
+    EXPECT_EQ(grads[r].sizes(), torch::IntArrayRef({1, 0, 3}));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// RingCausalAttention.
+
+struct RingCase {
+  int cp;
+  int64_t batch, q_heads, kv_heads, t, d, block;
+};
+
+std::ostream& operator<<(std::ostream& os, const RingCase& c) {
+  return os << "cp=" << c.cp << " B=" << c.batch << " Hq=" << c.q_heads << " Hkv=" << c.kv_heads
+            << " T=" << c.t << " D=" << c.d << " block=" << c.block;
+}
+
+// Full causal attention from plain differentiable ops, HF repeat_kv for GQA:
+// {out [B, Hq, T, D], lse [B, Hq, T]}.
+std::pair<torch::Tensor, torch::Tensor> FullCausal(const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v, double scale) {
+  const int64_t t = q.size(2);
+  const int64_t group = q.size(1) / k.size(1);
+  torch::Tensor s = torch::matmul(q, k.repeat_interleave(group, 1).transpose(-1, -2)) * scale;
+  s = s.masked_fill(torch::ones({t, t}, torch::kBool).triu(1),
+                    -std::numeric_limits<double>::infinity());
+  return {torch::matmul(torch::softmax(s, -1), v.repeat_interleave(group, 1)),
+          torch::logsumexp(s, -1)};
+}
+
+// Per-rank maximum absolute errors, reduced over ranks.
+struct RingErrors {
+  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+  double Max() const { return std::max({out, lse, dq, dk, dv}); }
+};
+
+// The loss weights both outputs with random cotangents (zero on padding
+// rows), so the gradient through lse is checked too. Every rank's shard
+// gradients (padding rows included, which must be zero) are compared with
+// the full reference's.
+RingErrors CompareRing(const RingCase& c) {
+  torch::manual_seed(c.t * 131 + c.cp);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  torch::Tensor q = torch::randn({c.batch, c.q_heads, c.t, c.d});
+  torch::Tensor k = torch::randn({c.batch, c.kv_heads, c.t, c.d});
+  torch::Tensor v = torch::randn({c.batch, c.kv_heads, c.t, c.d});
+  torch::Tensor out_weight = torch::randn({c.batch, c.q_heads, c.t, c.d});
+  torch::Tensor lse_weight = torch::randn({c.batch, c.q_heads, c.t});
+
+  torch::Tensor rq = q.clone().requires_grad_(true), rk = k.clone().requires_grad_(true),
+                rv = v.clone().requires_grad_(true);
+  auto [ref_out, ref_lse] = FullCausal(rq, rk, rv, scale);
+  ((ref_out * out_weight).sum() + (ref_lse * lse_weight).sum()).backward();
+
+  std::vector<RingErrors> errors(c.cp);
+  const absl::Status status = RunRanks(c.cp, [&](int rank, c10d::ProcessGroup& group) {
+    auto shard = [&](const torch::Tensor& x) { return ShardSequence(x, 2, c.cp, rank); };
+    torch::Tensor lq = shard(q).requires_grad_(true), lk = shard(k).requires_grad_(true),
+                  lv = shard(v).requires_grad_(true);
+    RingAttentionOptions options;
+    options.scale = scale;
+    options.block_size = c.block;
+    RingAttentionOutput result = RingCausalAttention(lq, lk, lv, group, options);
+    ((result.out * shard(out_weight)).sum() + (result.lse * shard(lse_weight)).sum()).backward();
+    const CpShard range = ShardRange(c.t, c.cp, rank);
+    RingErrors& e = errors[rank];
+    e.out = MaxAbsDiff(result.out.narrow(2, 0, range.length),
+                       ref_out.detach().narrow(2, range.begin, range.length));
+    e.lse = MaxAbsDiff(result.lse.narrow(2, 0, range.length),
+                       ref_lse.detach().narrow(2, range.begin, range.length));
+    e.dq = MaxAbsDiff(lq.grad(), shard(rq.grad()));
+    e.dk = MaxAbsDiff(lk.grad(), shard(rk.grad()));
+    e.dv = MaxAbsDiff(lv.grad(), shard(rv.grad()));
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  RingErrors worst;
+  for (const RingErrors& e : errors) {
+    worst.out = std::max(worst.out, e.out);
+    worst.lse = std::max(worst.lse, e.lse);
+    worst.dq = std::max(worst.dq, e.dq);
+    worst.dk = std::max(worst.dk, e.dk);
+    worst.dv = std::max(worst.dv, e.dv);
+  }
+  return worst;
+}
+
+class RingCausalAttentionTest : public ::testing::TestWithParam<RingCase> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RingCausalAttentionTest,
+    ::testing::Values(RingCase{1, 2, 2, 2, 5, 8, 128},    // no ring: local causal attention
+                      RingCase{2, 2, 2, 2, 8, 8, 128},    // even split, MHA
+                      RingCase{2, 1, 4, 2, 7, 8, 128},    // odd T (padded shard), GQA
+                      RingCase{2, 1, 4, 1, 13, 4, 3},     // sub-blocks inside a shard, MQA
+                      RingCase{4, 2, 4, 2, 10, 8, 2},     // shards 3,3,3,1; sub-blocks
+                      RingCase{4, 1, 2, 1, 16, 8, 128},   // even split over 4
+                      RingCase{4, 1, 4, 2, 3, 8, 128}));  // T < cp: one empty shard
+
+TEST_P(RingCausalAttentionTest, MatchesFullCausalAttention) {
+  const RingCase c = GetParam();
+  const RingErrors e = CompareRing(c);
+  std::cout << c << ": max |error| out " << e.out << " lse " << e.lse << " dq " << e.dq << " dk "
+            << e.dk << " dv " << e.dv << "\n";
+  EXPECT_LE(e.Max(), 1e-5) << c;
+}
+
+// The intended use for TTT: ring attention over the step-0 keys, then the
+// diagonal keys of steps 1..S merged locally through lse (they only touch the
+// same position). Against single-process TttAttention, forward and the
+// gradients of q, k0, v0, kd and vd, at cp = 2 with an odd length.
+TEST(RingCausalAttentionTttTest, LocalDiagonalMergeMatchesTttAttention) {
+  const int cp = 2;
+  const int64_t batch = 1, q_heads = 4, kv_heads = 2, t = 9, d = 8, steps = 2;
+  const int64_t group_size = q_heads / kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  torch::manual_seed(3);
+  torch::Tensor q = torch::randn({batch, q_heads, t, d});
+  torch::Tensor k0 = torch::randn({batch, kv_heads, t, d});
+  torch::Tensor v0 = torch::randn({batch, kv_heads, t, d});
+  torch::Tensor kd = torch::randn({steps, batch, kv_heads, t, d});
+  torch::Tensor vd = torch::randn({steps, batch, kv_heads, t, d});
+  torch::Tensor weight = torch::randn({batch, q_heads, t, d});
+
+  std::vector<torch::Tensor> ref = {q, k0, v0, kd, vd};
+  for (torch::Tensor& x : ref) x = x.clone().requires_grad_(true);
+  TttAttentionOptions ttt;
+  ttt.scale = scale;
+  torch::Tensor ref_out = TttAttention(ref[0], ref[1], ref[2], ref[3], ref[4], ttt);
+  (ref_out * weight).sum().backward();
+
+  std::vector<double> errors(cp, 0.0);
+  const absl::Status status = RunRanks(cp, [&](int rank, c10d::ProcessGroup& group) {
+    const CpShard range = ShardRange(t, cp, rank);
+    std::vector<torch::Tensor> local;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      local.push_back(ShardSequence(ref[i].detach(), i < 3 ? 2 : 3, cp, rank).requires_grad_(true));
+    }
+    RingAttentionOptions options;
+    options.scale = scale;
+    options.block_size = 2;
+    RingAttentionOutput ring = RingCausalAttention(local[0], local[1], local[2], group, options);
+    torch::Tensor kdr = local[3].repeat_interleave(group_size, 2);  // [S, B, Hq, Tpad, D]
+    torch::Tensor vdr = local[4].repeat_interleave(group_size, 2);
+    torch::Tensor sd = (local[0].unsqueeze(0) * kdr).sum(-1) * scale;  // [S, B, Hq, Tpad]
+    torch::Tensor lse = torch::logsumexp(torch::cat({ring.lse.unsqueeze(0), sd}, 0), 0);
+    torch::Tensor out = ring.out * (ring.lse - lse).exp().unsqueeze(-1) +
+                        ((sd - lse).exp().unsqueeze(-1) * vdr).sum(0);
+    (out * ShardSequence(weight, 2, cp, rank)).sum().backward();
+    double e = MaxAbsDiff(out.narrow(2, 0, range.length),
+                          ref_out.detach().narrow(2, range.begin, range.length));
+    for (size_t i = 0; i < ref.size(); ++i) {
+      e = std::max(
+          e, MaxAbsDiff(local[i].grad(), ShardSequence(ref[i].grad(), i < 3 ? 2 : 3, cp, rank)));
+    }
+    errors[rank] = e;
+  });
+  ASSERT_TRUE(status.ok()) << status;
+  const double worst = *std::max_element(errors.begin(), errors.end());
+  std::cout << "ring + local TTT diagonals (cp=2, T=9, S=2): max |error| " << worst << "\n";
+  EXPECT_LE(worst, 1e-5);
+}
+
+TEST(RingCausalAttentionShapeTest, RefusesMismatchedHeads) {
+  ASSERT_TRUE(
+      RunRanks(1, [](int, c10d::ProcessGroup& group) {
+        torch::Tensor q = torch::zeros({1, 3, 4, 8});
+        torch::Tensor kv = torch::zeros({1, 2, 4, 8});
+        try {
+          RingCausalAttention(q, kv, kv, group, {});
+          ADD_FAILURE() << "Hq = 3 over Hkv = 2 was accepted";
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("multiple of Hkv"), std::string::npos) << e.what();
+        }
+        EXPECT_THROW(RingCausalAttention(q, kv.narrow(2, 0, 3), kv.narrow(2, 0, 3), group, {}),
+                     c10::Error);
+      }).ok());
+}
+
+}  // namespace
+}  // namespace specstream::student
