@@ -20,6 +20,7 @@
 #include "common/torch/process_group.h"
 #include "gtest/gtest.h"
 #include "student/ttt_attention.h"
+#include "tests/testing/rank_threads.h"
 
 namespace specstream::student {
 namespace {
@@ -108,40 +109,13 @@ TEST(CpLayoutTest, RefusesBadArguments) {
 // ---------------------------------------------------------------------------
 // Multi-rank harness.
 
-// Runs fn(rank, group) on `cp` threads, each with its own Gloo group over one
-// TCPStore on a free loopback port. A c10::Error (or any std::exception) on a
-// rank becomes that rank's failure; the first failure is returned.
+// Runs fn(rank, group) on `cp` rank threads (exceptions become failures).
 absl::Status RunRanks(int cp, const std::function<void(int, c10d::ProcessGroup&)>& fn) {
-  RendezvousOptions rendezvous;
-  rendezvous.world_size = cp;
-  rendezvous.timeout = std::chrono::seconds(30);
-  int port = 0;
-  auto store = CreateTcpStore(rendezvous, &port);
-  if (!store.ok()) return store.status();
-  std::vector<absl::Status> statuses(cp);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < cp; ++rank) {
-    threads.emplace_back([&, rank] {
-      RendezvousOptions r = rendezvous;
-      r.rank = rank;
-      r.master_port = port;
-      auto group = rank == 0 ? CreateGlooGroup(r, *store) : CreateGlooGroup(r);
-      if (!group.ok()) {
-        statuses[rank] = group.status();
-        return;
-      }
-      try {
-        fn(rank, *group->group);
-      } catch (const std::exception& e) {
-        statuses[rank] = absl::InternalError("rank " + std::to_string(rank) + ": " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const absl::Status& s : statuses) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return specstream::testing::RunOnRankThreads(
+      cp, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+        fn(rank, *group);
+        return absl::OkStatus();
+      });
 }
 
 double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {

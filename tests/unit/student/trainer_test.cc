@@ -2,13 +2,13 @@
 
 #include <filesystem>
 #include <set>
-#include <thread>
 
 #include "common/torch/process_group.h"
 #include "gtest/gtest.h"
 #include "student/export.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
+#include "tests/testing/rank_threads.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
 
@@ -106,36 +106,16 @@ TEST_P(TrainerDdpTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
   TrainerConfig ddp_config = Config();
   ddp_config.batch_size = 2;
   ddp_config.ddp_bucket_elements = GetParam();
-  int port = 0;
-  RendezvousOptions rendezvous;
-  rendezvous.world_size = 2;
-  auto store = CreateTcpStore(rendezvous, &port);
-  ASSERT_TRUE(store.ok());
   std::unique_ptr<Trainer> ranks[2];
-  absl::Status statuses[2];
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      RendezvousOptions r = rendezvous;
-      r.rank = rank;
-      r.master_port = port;
-      auto group = rank == 0 ? CreateGlooGroup(r, *store) : CreateGlooGroup(r);
-      if (!group.ok()) {
-        statuses[rank] = group.status();
-        return;
-      }
-      auto trainer = Trainer::Create(ddp_config, rank, 2, group->group);
-      if (!trainer.ok()) {
-        statuses[rank] = trainer.status();
-        return;
-      }
-      statuses[rank] = (*trainer)->RunSteps(20);
-      ranks[rank] = std::move(*trainer);
-    });
-  }
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(statuses[0].ok()) << statuses[0];
-  ASSERT_TRUE(statuses[1].ok()) << statuses[1];
+  absl::Status status = specstream::testing::RunOnRankThreads(
+      2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
+        auto trainer = Trainer::Create(ddp_config, rank, 2, group);
+        if (!trainer.ok()) return trainer.status();
+        absl::Status run = (*trainer)->RunSteps(20);
+        ranks[rank] = std::move(*trainer);
+        return run;
+      });
+  ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(ranks[0]->step(), 20);
   EXPECT_LE(MaxParameterDifference(*ranks[0], **single), 1e-5);
   EXPECT_EQ(MaxParameterDifference(*ranks[0], *ranks[1]), 0.0);  // replicas stay identical

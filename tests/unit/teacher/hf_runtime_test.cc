@@ -3,13 +3,13 @@
 #include <filesystem>
 #include <map>
 #include <set>
-#include <thread>
 
 #include "common/safetensors.h"
 #include "common/torch/blocks.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"
 #include "gtest/gtest.h"
+#include "tests/testing/rank_threads.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
 
@@ -166,47 +166,22 @@ TEST(HfRuntimeTest, TensorParallelTwoMatchesOne) {
     auto expected = single->Forward(request);
     ASSERT_TRUE(expected.ok()) << expected.status();
 
-    int port = 0;
-    RendezvousOptions rendezvous;
-    rendezvous.world_size = 2;
-    auto server = CreateTcpStore(rendezvous, &port);
-    ASSERT_TRUE(server.ok()) << server.status();
-    absl::Status follower_status;
-    std::thread follower([&] {
-      RendezvousOptions r = rendezvous;
-      r.rank = 1;
-      r.master_port = port;
-      auto group = CreateGlooGroup(r);
-      if (!group.ok()) {
-        follower_status = group.status();
-        return;
-      }
-      HfRuntimeOptions options;
-      options.model_dir = dir.path();
-      options.dtype = "float32";
-      options.tp_rank = 1;
-      options.tp_size = 2;
-      options.group = group->group;
-      auto runtime = HfRuntime::Create(options);
-      if (!runtime.ok()) {
-        follower_status = runtime.status();
-        return;
-      }
-      follower_status = (*runtime)->RunFollower();
-    });
-    auto group = CreateGlooGroup(rendezvous, *server);
-    ASSERT_TRUE(group.ok()) << group.status();
-    HfRuntimeOptions options;
-    options.model_dir = dir.path();
-    options.dtype = "float32";
-    options.tp_size = 2;
-    options.group = group->group;
-    auto leader = HfRuntime::Create(options);
-    ASSERT_TRUE(leader.ok()) << leader.status();
-    auto got = (*leader)->Forward(request);
-    ASSERT_TRUE((*leader)->StopFollowers().ok());
-    follower.join();
-    ASSERT_TRUE(follower_status.ok()) << follower_status;
+    absl::StatusOr<std::vector<SequenceCapture>> got = absl::UnknownError("not run");
+    absl::Status status = specstream::testing::RunOnRankThreads(
+        2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
+          HfRuntimeOptions options;
+          options.model_dir = dir.path();
+          options.dtype = "float32";
+          options.tp_rank = rank;
+          options.tp_size = 2;
+          options.group = group;
+          auto runtime = HfRuntime::Create(options);
+          if (!runtime.ok()) return runtime.status();
+          if (rank == 1) return (*runtime)->RunFollower();
+          got = (*runtime)->Forward(request);
+          return (*runtime)->StopFollowers();
+        });
+    ASSERT_TRUE(status.ok()) << status;
     ASSERT_TRUE(got.ok()) << got.status();
     for (size_t s = 0; s < 2; ++s) {
       ExpectClose((*got)[s].aux_hidden, (*expected)[s].aux_hidden);

@@ -1,0 +1,22 @@
+// Multi-rank tests in one process: each rank is a thread with its own Gloo
+// process group over one TCPStore on a free loopback port.
+#ifndef SPECSTREAM_TESTS_TESTING_RANK_THREADS_H_
+#define SPECSTREAM_TESTS_TESTING_RANK_THREADS_H_
+
+#include <functional>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "absl/status/status.h"
+
+namespace specstream::testing {
+
+// Runs fn(rank, group) on `world` threads and joins them. A non-OK status or
+// an exception on a rank is that rank's failure; the first one is returned.
+absl::Status RunOnRankThreads(
+    int world,
+    const std::function<absl::Status(int rank, c10::intrusive_ptr<c10d::ProcessGroup> group)>& fn);
+
+}  // namespace specstream::testing
+
+#endif  // SPECSTREAM_TESTS_TESTING_RANK_THREADS_H_
