@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -194,6 +195,9 @@ absl::Status Trainer::Init() {
       draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed, !source_->has_target_ids()));
   RETURN_IF_ERROR(BroadcastParameters());
   optimizer_ = std::make_unique<AdamW>(draft_->parameters(), c.adamw);
+  // Gradients exist from the start (zeros), so a parameter without gradient
+  // in some step is treated the same in a continuous and a resumed run.
+  for (auto& [name, p] : draft_->parameters()) p.mutable_grad() = torch::zeros_like(p);
   SetUpGradientBuckets();
 
   ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(0));
@@ -222,42 +226,46 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Trainer::EpochPlan(int64_t epo
   options.seed = config_.seed;
   options.dp_rank = rank_;
   options.dp_size = world_size_;
-  ASSIGN_OR_RETURN(auto sampler, DistributedSampler::Create(source_->size(), options));
-  std::vector<int64_t> order = sampler->Indices(epoch);
   std::vector<std::vector<int64_t>> plan;
   if (config_.batch_size > 0) {
+    ASSIGN_OR_RETURN(auto sampler, DistributedSampler::Create(source_->size(), options));
+    std::vector<int64_t> order = sampler->Indices(epoch);
     for (size_t i = 0; i < order.size(); i += config_.batch_size) {
       plan.emplace_back(order.begin() + i,
                         order.begin() + std::min(order.size(), i + config_.batch_size));
     }
   } else {
-    // Greedy packing by padded tokens; every rank then keeps the same number
-    // of batches (the minimum) so collectives stay in step.
-    std::vector<int64_t> current;
-    int64_t longest = 0;
-    for (int64_t index : order) {
-      int64_t len = source_->Length(index);
-      if (config_.max_length > 0) len = std::min(len, config_.max_length);
-      const int64_t padded = (static_cast<int64_t>(current.size()) + 1) * std::max(longest, len);
-      if (!current.empty() && padded > config_.batch_tokens) {
-        plan.push_back(std::move(current));
-        current.clear();
-        longest = 0;
+    // Token budgets: the samples are packed once, globally (by length, so a
+    // batch pads little), and each epoch deals the packed batches to the
+    // ranks in a shuffled order. Every rank and every epoch then has the same
+    // number of steps, which keeps collectives in step and resume exact.
+    if (token_batches_.empty()) {
+      std::vector<int64_t> by_length(source_->size());
+      std::iota(by_length.begin(), by_length.end(), 0);
+      auto length = [&](int64_t index) {
+        int64_t len = source_->Length(index);
+        return config_.max_length > 0 ? std::min(len, config_.max_length) : len;
+      };
+      std::stable_sort(by_length.begin(), by_length.end(),
+                       [&](int64_t a, int64_t b) { return length(a) < length(b); });
+      std::vector<int64_t> current;
+      int64_t longest = 0;
+      for (int64_t index : by_length) {
+        const int64_t len = length(index);
+        const int64_t padded = (static_cast<int64_t>(current.size()) + 1) * std::max(longest, len);
+        if (!current.empty() && padded > config_.batch_tokens) {
+          token_batches_.push_back(std::move(current));
+          current.clear();
+          longest = 0;
+        }
+        current.push_back(index);
+        longest = std::max(longest, len);
       }
-      current.push_back(index);
-      longest = std::max(longest, len);
+      if (!current.empty()) token_batches_.push_back(std::move(current));
     }
-    if (!current.empty()) plan.push_back(std::move(current));
-    torch::Tensor count = torch::tensor({static_cast<int64_t>(plan.size())}, torch::kInt64);
-    if (world_size_ > 1) {
-      RETURN_IF_ERROR(CatchTorch("all_reduce(min)", [&] {
-        std::vector<torch::Tensor> buffers{count};
-        c10d::AllreduceOptions min_options;
-        min_options.reduceOp = c10d::ReduceOp::MIN;
-        group_->allreduce(buffers, min_options)->wait();
-      }));
-    }
-    plan.resize(count.item<int64_t>());
+    ASSIGN_OR_RETURN(auto sampler, DistributedSampler::Create(
+                                       static_cast<int64_t>(token_batches_.size()), options));
+    for (int64_t batch : sampler->Indices(epoch)) plan.push_back(token_batches_[batch]);
   }
   if (plan.empty()) return absl::FailedPreconditionError("an epoch has no batches");
   cached_epoch_ = epoch;
@@ -313,16 +321,25 @@ void Trainer::SetUpGradientBuckets() {
       param.register_hook([this, b, offset](torch::Tensor grad) {
         GradBucket& target = buckets_[b];
         target.flat.narrow(0, offset, grad.numel()).copy_(grad.reshape({-1}));
-        if (--target.pending == 0) {
-          std::vector<torch::Tensor> flat{target.flat};
-          target.work = group_->allreduce(flat);
+        --target.pending;
+        // Collectives must be issued in the same order on every rank: launch
+        // buckets strictly in index order, as soon as each and all before it
+        // are complete.
+        while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+          LaunchBucket(buckets_[next_bucket_++]);
         }
       });
     }
   }
 }
 
+void Trainer::LaunchBucket(GradBucket& bucket) {
+  std::vector<torch::Tensor> flat{bucket.flat};
+  bucket.work = group_->allreduce(flat);
+}
+
 void Trainer::PrepareGradientBuckets() {
+  next_bucket_ = 0;
   for (GradBucket& bucket : buckets_) {
     bucket.flat.zero_();
     bucket.pending = static_cast<int64_t>(bucket.params.size());
@@ -338,12 +355,9 @@ absl::Status Trainer::SyncGradients() {
   // are reduced now (their missing parts are zeros).
   return CatchTorch("gradient all_reduce", [&] {
     const auto& params = draft_->parameters();
-    for (GradBucket& bucket : buckets_) {
-      if (!bucket.work) {
-        std::vector<torch::Tensor> flat{bucket.flat};
-        bucket.work = group_->allreduce(flat);
-      }
-    }
+    // Buckets whose gradients did not all arrive (e.g. a 1-token batch
+    // leaves the head without gradient) go now, still in index order.
+    while (next_bucket_ < buckets_.size()) LaunchBucket(buckets_[next_bucket_++]);
     for (GradBucket& bucket : buckets_) {
       bucket.work->wait();
       for (size_t j = 0; j < bucket.params.size(); ++j) {
@@ -598,6 +612,23 @@ absl::Status Trainer::TryResume() {
     generator.set_state(bytes);
   }
   step_ = state.value("step", int64_t{0});
+  if (world_size_ > 1) {
+    // Every rank must have picked the same checkpoint.
+    torch::Tensor low = torch::tensor({step_}, torch::kInt64), high = low.clone();
+    RETURN_IF_ERROR(CatchTorch("resume step check", [&] {
+      c10d::AllreduceOptions min_options, max_options;
+      min_options.reduceOp = c10d::ReduceOp::MIN;
+      max_options.reduceOp = c10d::ReduceOp::MAX;
+      std::vector<torch::Tensor> a{low}, b{high};
+      group_->allreduce(a, min_options)->wait();
+      group_->allreduce(b, max_options)->wait();
+    }));
+    if (low.item<int64_t>() != high.item<int64_t>()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ranks resumed from different checkpoints (steps ", low.item<int64_t>(), " to ",
+          high.item<int64_t>(), ")"));
+    }
+  }
   SS_LOG_INFO("resume: continuing from step {} of {}", step_, total_steps_);
   return absl::OkStatus();
 }

@@ -104,6 +104,8 @@ class Trainer final {
   absl::Status AllReduce(torch::Tensor& t);
   void SetUpGradientBuckets();
   void PrepareGradientBuckets();
+  struct GradBucket;
+  void LaunchBucket(GradBucket& bucket);
   absl::Status SyncGradients();
   absl::Status BroadcastParameters();
   absl::Status SaveCheckpoint();
@@ -136,6 +138,9 @@ class Trainer final {
     c10::intrusive_ptr<c10d::Work> work;
   };
   std::vector<GradBucket> buckets_;
+  size_t next_bucket_ = 0;  // buckets are launched in index order
+  // batch_tokens mode: samples packed once into batches (see EpochPlan).
+  std::vector<std::vector<int64_t>> token_batches_;
   std::unique_ptr<class TensorBoardWriter> tensorboard_;
 };
 

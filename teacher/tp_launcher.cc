@@ -40,7 +40,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args) {
 
 // Waits until every worker has reported ready; a failure report or a worker
 // exiting early becomes the returned status.
-absl::Status AwaitWorkers(c10d::Store& store, const std::vector<pid_t>& workers,
+absl::Status AwaitWorkers(c10d::Store& store, std::vector<pid_t>& workers,
                           std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<bool> ready(workers.size() + 1, false);
@@ -61,6 +61,7 @@ absl::Status AwaitWorkers(c10d::Store& store, const std::vector<pid_t>& workers,
       }
       int wstatus = 0;
       if (waitpid(workers[i], &wstatus, WNOHANG) == workers[i]) {
+        workers[i] = -1;  // reaped: never signal or wait on this pid again
         return absl::InternalError(
             absl::StrCat("TP rank ", rank, " exited during setup (status ", wstatus, ")"));
       }
@@ -150,6 +151,7 @@ absl::Status LaunchedRuntime::Shutdown() {
   const bool set_up = runtime_ && group_.group;
   if (set_up) status = runtime_->StopFollowers();
   for (pid_t pid : workers_) {
+    if (pid <= 0) continue;  // already reaped during setup
     if (!set_up || !status.ok()) kill(pid, SIGTERM);
     int wstatus = 0;
     waitpid(pid, &wstatus, 0);

@@ -124,6 +124,28 @@ TEST_P(TrainerDdpTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
   EXPECT_EQ(ranks[0]->history().back().positions, (*single)->history().back().positions);
 }
 
+TEST_F(TrainerTest, TokenBudgetBatchesKeepEveryRankAndEpochInStep) {
+  TrainerConfig config = Config();
+  config.batch_size = 0;
+  config.batch_tokens = 64;  // samples of 12-31 tokens: 2-5 per batch
+  config.max_steps = 0;
+  config.epochs = 3;
+  std::unique_ptr<Trainer> ranks[2];
+  absl::Status status = specstream::testing::RunOnRankThreads(
+      2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
+        auto trainer = Trainer::Create(config, rank, 2, group);
+        if (!trainer.ok()) return trainer.status();
+        absl::Status run = (*trainer)->Run();
+        ranks[rank] = std::move(*trainer);
+        return run;
+      });
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_GT(ranks[0]->total_steps(), 3);
+  EXPECT_EQ(ranks[0]->step(), ranks[0]->total_steps());
+  EXPECT_EQ(ranks[0]->total_steps() % 3, 0);  // the same number of steps every epoch
+  EXPECT_EQ(MaxParameterDifference(*ranks[0], *ranks[1]), 0.0);
+}
+
 TEST_F(TrainerTest, LossFallsAndAcceptanceRisesOnATinyTeacher) {
   TrainerConfig config = Config();
   config.max_steps = 240;
