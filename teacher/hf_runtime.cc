@@ -258,12 +258,20 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Forward(const ForwardReq
   if (options_.tp_size > 1) {
     torch::Tensor header =
         torch::tensor({batch, max_len, int64_t{request.want_target_ids}}, torch::kInt64);
-    RETURN_IF_ERROR(Broadcast(*options_.group, header, 0));
+    // Once a collective has failed the followers are out of step with us;
+    // StopFollowers then refuses to broadcast (the caller stops the workers).
+    absl::Status sent = Broadcast(*options_.group, header, 0);
     torch::Tensor lens = torch::tensor(lengths, torch::kInt64);
-    RETURN_IF_ERROR(Broadcast(*options_.group, lens, 0));
-    RETURN_IF_ERROR(Broadcast(*options_.group, ids, 0));
+    if (sent.ok()) sent = Broadcast(*options_.group, lens, 0);
+    if (sent.ok()) sent = Broadcast(*options_.group, ids, 0);
+    if (!sent.ok()) {
+      group_broken_ = true;
+      return sent;
+    }
   }
-  return Compute(ids, lengths, request.want_target_ids, nullptr);
+  auto result = Compute(ids, lengths, request.want_target_ids, nullptr);
+  if (!result.ok() && options_.tp_size > 1) group_broken_ = true;
+  return result;
 }
 
 absl::Status HfRuntime::RunFollower() {
@@ -288,6 +296,9 @@ absl::Status HfRuntime::RunFollower() {
 absl::Status HfRuntime::StopFollowers() {
   if (options_.tp_size == 1 || followers_stopped_) return absl::OkStatus();
   followers_stopped_ = true;
+  if (group_broken_) {
+    return absl::AbortedError("the TP group is out of step after a failed forward");
+  }
   torch::Tensor header = torch::zeros({3}, torch::kInt64);
   return Broadcast(*options_.group, header, 0);
 }

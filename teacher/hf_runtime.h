@@ -85,6 +85,7 @@ class HfRuntime final : public TargetRuntime {
   torch::Tensor lm_head_;  // [V, H] (the embedding when tied)
   std::optional<nn::Rotary> rotary_;
   bool followers_stopped_ = false;
+  bool group_broken_ = false;  // a collective failed mid-forward
 };
 
 }  // namespace specstream::teacher

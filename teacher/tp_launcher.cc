@@ -23,6 +23,8 @@ extern char** environ;
 namespace specstream::teacher {
 namespace {
 
+constexpr std::chrono::seconds kWorkerExitDeadline{30};
+
 std::string ReadyKey(int rank) { return absl::StrCat("ready/", rank); }
 std::string FailedKey(int rank) { return absl::StrCat("failed/", rank); }
 
@@ -153,8 +155,18 @@ absl::Status LaunchedRuntime::Shutdown() {
   for (pid_t pid : workers_) {
     if (pid <= 0) continue;  // already reaped during setup
     if (!set_up || !status.ok()) kill(pid, SIGTERM);
+    // A follower that does not exit within the deadline is killed, so a hung
+    // worker can never hang the leader's shutdown.
     int wstatus = 0;
-    waitpid(pid, &wstatus, 0);
+    const auto deadline = std::chrono::steady_clock::now() + kWorkerExitDeadline;
+    while (waitpid(pid, &wstatus, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &wstatus, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     if (set_up && status.ok() && !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)) {
       status =
           absl::InternalError(absl::StrCat("TP worker ", pid, " exited with status ", wstatus));
