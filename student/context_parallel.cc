@@ -5,6 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "absl/strings/str_cat.h"
 #include "common/torch/process_group.h"
 
 namespace specstream::student {
@@ -333,6 +336,138 @@ class RingCausalAttentionFunction final
   }
 };
 
+// ---------------------------------------------------------------------------
+// Ulysses all-to-all.
+
+// Equal-split all-to-all along dim 0 (size = group size): chunk i goes to
+// group rank i, and chunk i of the result came from group rank i. Two-byte
+// floats travel as bytes (Gloo moves them bit-exactly that way).
+torch::Tensor AllToAll(const torch::Tensor& chunks, c10d::ProcessGroup& group) {
+  torch::Tensor wire = chunks.contiguous();
+  const bool as_bytes = wire.element_size() == 2;
+  if (as_bytes) wire = wire.view(torch::kUInt8);
+  torch::Tensor out = torch::empty_like(wire);
+  if (wire.numel() > 0) {
+    std::vector<int64_t> equal_split;
+    group.alltoall_base(out, wire, equal_split, equal_split)->wait();
+  }
+  return as_bytes ? out.view(chunks.scalar_type()) : out;
+}
+
+// [B, H, Tl, D] sequence chunk -> [B, H/u, u·Tl, D] head slice.
+torch::Tensor SequenceToHeadsRaw(const torch::Tensor& x, c10d::ProcessGroup& group) {
+  const int64_t u = group.getSize();
+  const int64_t b = x.size(0), h = x.size(1), tl = x.size(2), d = x.size(3);
+  torch::Tensor chunks = x.reshape({b, u, h / u, tl, d}).permute({1, 0, 2, 3, 4});
+  torch::Tensor received = AllToAll(chunks, group);  // [u (sequence chunk), B, H/u, Tl, D]
+  return received.permute({1, 2, 0, 3, 4}).reshape({b, h / u, u * tl, d});
+}
+
+// [B, H/u, u·Tl, D] head slice -> [B, H, Tl, D] sequence chunk.
+torch::Tensor HeadsToSequenceRaw(const torch::Tensor& x, c10d::ProcessGroup& group) {
+  const int64_t u = group.getSize();
+  const int64_t b = x.size(0), hl = x.size(1), tl = x.size(2) / u, d = x.size(3);
+  torch::Tensor chunks = x.reshape({b, hl, u, tl, d}).permute({2, 0, 1, 3, 4});
+  torch::Tensor received = AllToAll(chunks, group);  // [u (head slice), B, H/u, Tl, D]
+  return received.permute({1, 0, 2, 3, 4}).reshape({b, u * hl, tl, d});
+}
+
+// One autograd function for both directions: the backward of one is the
+// other.
+class UlyssesAllToAllFunction final : public torch::autograd::Function<UlyssesAllToAllFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               c10d::ProcessGroup* group, bool to_heads) {
+    ctx->saved_data["group"] = GroupCapsule(*group);
+    ctx->saved_data["to_heads"] = to_heads;
+    return to_heads ? SequenceToHeadsRaw(x, *group) : HeadsToSequenceRaw(x, *group);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    c10d::ProcessGroup& group = GroupFrom(ctx);
+    const torch::Tensor grad = grad_outputs[0].contiguous();
+    torch::Tensor result = ctx->saved_data["to_heads"].toBool() ? HeadsToSequenceRaw(grad, group)
+                                                                : SequenceToHeadsRaw(grad, group);
+    return {result, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// ---------------------------------------------------------------------------
+// TTT diagonal merge.
+
+// out = w_r · ring_out + Σ_j w_j · vd_j, where (w_r, w_j) = softmax(ring_lse,
+// s_j) and s_j = scale · <q, kd_j> (GQA: query head h reads kv head h / G).
+// Computed in fp32 (fp64 for fp64) from the inputs' dtype; only the inputs
+// and the merged lse are saved, and backward recomputes the weights, so a
+// bf16 step keeps no fp32 copies alive. Backward, with G = dout and
+// c = <G, out>: d ring_out = w_r G; d vd_j = Σ_group w_j G; d ring_lse =
+// w_r (<G, ring_out> - c); d s_j = w_j (<G, vd_j> - c); dq = scale Σ_j d s_j
+// kd_j; d kd_j = scale Σ_group d s_j q.
+class DiagonalMergeFunction final : public torch::autograd::Function<DiagonalMergeFunction> {
+ public:
+  // Shapes in the compute type: q5, out5 [B, Hkv, G, T, D]; lse4 [B, Hkv, G,
+  // T]; kd6, vd6 [S, B, Hkv, 1, T, D]; scores and weights [S, B, Hkv, G, T].
+  struct Parts {
+    torch::Tensor q5, out5, ring_lse4, kd6, vd6, scores, lse;
+  };
+
+  static Parts Expand(const torch::Tensor& q, const torch::Tensor& ring_out,
+                      const torch::Tensor& ring_lse, const torch::Tensor& kd,
+                      const torch::Tensor& vd, double scale) {
+    const int64_t b = q.size(0), hq = q.size(1), hkv = kd.size(2), t = q.size(2), d = q.size(3);
+    const int64_t g = hq / hkv;
+    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    Parts p;
+    p.q5 = q.to(ct).reshape({b, hkv, g, t, d});
+    p.out5 = ring_out.to(ct).reshape({b, hkv, g, t, d});
+    p.ring_lse4 = ring_lse.to(ct).reshape({b, hkv, g, t});
+    p.kd6 = kd.to(ct).unsqueeze(3);
+    p.vd6 = vd.to(ct).unsqueeze(3);
+    p.scores = (p.q5.unsqueeze(0) * p.kd6).sum(-1).mul_(scale);
+    p.lse = torch::logsumexp(torch::cat({p.ring_lse4.unsqueeze(0), p.scores}, 0), 0);
+    return p;
+  }
+
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& ring_out, const torch::Tensor& ring_lse,
+                               const torch::Tensor& kd, const torch::Tensor& vd, double scale) {
+    torch::NoGradGuard no_grad;
+    Parts p = Expand(q, ring_out, ring_lse, kd, vd, scale);
+    torch::Tensor out = p.out5 * (p.ring_lse4 - p.lse).exp_().unsqueeze(-1);
+    out += ((p.scores - p.lse).exp_().unsqueeze(-1) * p.vd6).sum(0);
+    ctx->save_for_backward({q, ring_out, ring_lse, kd, vd});
+    ctx->saved_data["scale"] = scale;
+    return out.reshape(q.sizes()).to(q.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    torch::NoGradGuard no_grad;
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &ring_out = saved[1], &ring_lse = saved[2], &kd = saved[3],
+                        &vd = saved[4];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    Parts p = Expand(q, ring_out, ring_lse, kd, vd, scale);
+    const torch::Tensor grad = grad_outputs[0].to(p.q5.scalar_type()).reshape(p.q5.sizes());
+    torch::Tensor w_ring = (p.ring_lse4 - p.lse).exp_();           // [B, Hkv, G, T]
+    torch::Tensor w_diag = (p.scores - p.lse).exp_();              // [S, B, Hkv, G, T]
+    torch::Tensor g_ring = (grad * p.out5).sum(-1);                // <G, ring_out>
+    torch::Tensor g_diag = (grad.unsqueeze(0) * p.vd6).sum(-1);    // <G, vd_j>
+    torch::Tensor c = w_ring * g_ring + (w_diag * g_diag).sum(0);  // <G, out>
+    torch::Tensor d_out = grad * w_ring.unsqueeze(-1);
+    torch::Tensor d_lse = w_ring * (g_ring - c);
+    torch::Tensor d_scores = (w_diag * (g_diag - c.unsqueeze(0))).mul_(scale);
+    torch::Tensor d_q = (d_scores.unsqueeze(-1) * p.kd6).sum(0);
+    torch::Tensor d_kd = (d_scores.unsqueeze(-1) * p.q5.unsqueeze(0)).sum(3);
+    torch::Tensor d_vd = (w_diag.unsqueeze(-1) * grad.unsqueeze(0)).sum(3);
+    return {d_q.reshape(q.sizes()).to(q.scalar_type()),
+            d_out.reshape(ring_out.sizes()).to(ring_out.scalar_type()),
+            d_lse.reshape(ring_lse.sizes()).to(ring_lse.scalar_type()),
+            d_kd.to(kd.scalar_type()),
+            d_vd.to(vd.scalar_type()),
+            torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 int64_t PaddedShardLength(int64_t total_length, int64_t cp_size) {
@@ -392,6 +527,90 @@ RingAttentionOutput RingCausalAttention(const torch::Tensor& q, const torch::Ten
   variable_list outputs = RingCausalAttentionFunction::apply(
       q, k, v, &cp_group, options.scale, options.block_size, int64_t{options.tag_base});
   return RingAttentionOutput{outputs[0], outputs[1]};
+}
+
+absl::Status ValidateCpLayout(const CpLayout& layout, int64_t q_heads, int64_t kv_heads) {
+  if (layout.cp_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.cp_size must be >= 1, got ", layout.cp_size));
+  }
+  if (layout.world_size % layout.cp_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.cp_size ", layout.cp_size, " does not divide the world of ",
+                     layout.world_size, " ranks (world = data-parallel size x cp_size)"));
+  }
+  if (layout.ulysses < 1 || layout.cp_size % layout.ulysses != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel.ulysses_degree ", layout.ulysses,
+                                                   " must divide cp_size ", layout.cp_size));
+  }
+  if (q_heads % layout.ulysses != 0 || kv_heads % layout.ulysses != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.ulysses_degree ", layout.ulysses, " must divide the draft's attention heads (",
+        q_heads, " query, ", kv_heads, " key/value): Ulysses gives each rank a slice of heads"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
+                                        const c10::intrusive_ptr<c10d::Store>& store,
+                                        const std::string& host,
+                                        std::chrono::milliseconds timeout) {
+  CpGroups groups;
+  if (layout.cp_size == 1) return groups;
+  if (!store) return absl::InvalidArgumentError("context parallelism needs the rendezvous store");
+  auto create = [&](const std::string& prefix, int rank,
+                    int size) -> absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> {
+    RendezvousOptions options;
+    options.rank = rank;
+    options.world_size = size;
+    options.master_addr = host;
+    options.timeout = timeout;
+    auto handle = CreateGlooGroup(options, c10::make_intrusive<c10d::PrefixStore>(prefix, store));
+    if (!handle.ok()) return handle.status();
+    return handle->group;
+  };
+  // Group names are unique per (kind, dp rank, index), so each member set
+  // meets under its own prefix of the shared store.
+  if (layout.ulysses > 1) {
+    auto group = create(absl::StrCat("cp/ulysses/", layout.dp_rank(), "/", layout.ring_rank()),
+                        layout.ulysses_rank(), layout.ulysses);
+    if (!group.ok()) return group.status();
+    groups.ulysses = *group;
+  }
+  if (layout.ring_size() > 1) {
+    auto group = create(absl::StrCat("cp/ring/", layout.dp_rank(), "/", layout.ulysses_rank()),
+                        layout.ring_rank(), layout.ring_size());
+    if (!group.ok()) return group.status();
+    groups.ring = *group;
+  }
+  return groups;
+}
+
+torch::Tensor SequenceToHeads(const torch::Tensor& x, c10d::ProcessGroup& group) {
+  TORCH_CHECK(x.dim() == 4, "SequenceToHeads: expected [B, H, Tl, D], got ", x.sizes());
+  TORCH_CHECK(x.size(1) % group.getSize() == 0, "SequenceToHeads: ", x.size(1),
+              " heads are not divisible by the Ulysses degree ", group.getSize());
+  return UlyssesAllToAllFunction::apply(x, &group, true);
+}
+
+torch::Tensor HeadsToSequence(const torch::Tensor& x, c10d::ProcessGroup& group) {
+  TORCH_CHECK(x.dim() == 4, "HeadsToSequence: expected [B, H/u, u*Tl, D], got ", x.sizes());
+  TORCH_CHECK(x.size(2) % group.getSize() == 0, "HeadsToSequence: ", x.size(2),
+              " rows are not divisible by the Ulysses degree ", group.getSize());
+  return UlyssesAllToAllFunction::apply(x, &group, false);
+}
+
+torch::Tensor RingTttAttention(const torch::Tensor& q, const torch::Tensor& k0,
+                               const torch::Tensor& v0, const torch::Tensor& kd,
+                               const torch::Tensor& vd, c10d::ProcessGroup& ring_group,
+                               const RingAttentionOptions& options) {
+  RingAttentionOutput ring = RingCausalAttention(q, k0, v0, ring_group, options);
+  if (!kd.defined() || kd.size(0) == 0) return ring.out;
+  TORCH_CHECK(kd.dim() == 5 && kd.sizes() == vd.sizes() && kd.size(1) == k0.size(0) &&
+                  kd.size(2) == k0.size(1) && kd.size(3) == k0.size(2) && kd.size(4) == k0.size(3),
+              "RingTttAttention: kd and vd must be [S, B, Hkv, Tpad, D] matching k0 ", k0.sizes(),
+              ", got ", kd.sizes(), " and ", vd.sizes());
+  return DiagonalMergeFunction::apply(q, ring.out, ring.lse, kd, vd, options.scale);
 }
 
 }  // namespace specstream::student

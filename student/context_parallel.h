@@ -25,10 +25,15 @@
 #ifndef SPECSTREAM_STUDENT_CONTEXT_PARALLEL_H_
 #define SPECSTREAM_STUDENT_CONTEXT_PARALLEL_H_
 
+#include <chrono>
 #include <cstdint>
+#include <string>
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/statusor.h"
 
 namespace specstream::student {
 
@@ -102,6 +107,74 @@ struct RingAttentionOutput {
 RingAttentionOutput RingCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                                         const torch::Tensor& v, c10d::ProcessGroup& cp_group,
                                         const RingAttentionOptions& options);
+
+// ---------------------------------------------------------------------------
+// Rank layout and groups of a DP × CP world (DESIGN.md §6).
+//
+// World rank r = dp_rank · cp_size + cp_rank. Inside a CP group, cp_size =
+// ulysses · ring and cp_rank = ring_rank · ulysses + ulysses_rank: a Ulysses
+// group holds `ulysses` consecutive shards (so after its all-to-all every
+// member sees one contiguous chunk of ulysses · Tpad rows, for its slice of
+// the heads), and a ring group links the members with the same head slice,
+// chunk after chunk. cp_mode ring is ulysses = 1, ulysses is ring = 1, usp
+// is both > 1.
+struct CpLayout {
+  int world_size = 1;
+  int cp_size = 1;
+  int ulysses = 1;  // Ulysses degree; divides cp_size
+  int rank = 0;     // world rank
+
+  int dp_size() const { return world_size / cp_size; }
+  int dp_rank() const { return rank / cp_size; }
+  int cp_rank() const { return rank % cp_size; }
+  int ring_size() const { return cp_size / ulysses; }
+  int ring_rank() const { return cp_rank() / ulysses; }
+  int ulysses_rank() const { return cp_rank() % ulysses; }
+};
+
+// Refuses a layout that cannot run, naming the job field: cp_size not
+// dividing the world, a Ulysses degree not dividing cp_size, or attention
+// heads (query or key/value) not divisible by the Ulysses degree.
+absl::Status ValidateCpLayout(const CpLayout& layout, int64_t q_heads, int64_t kv_heads);
+
+// The sub-groups one rank attends over; null where the degree is 1.
+struct CpGroups {
+  c10::intrusive_ptr<c10d::ProcessGroup> ulysses;
+  c10::intrusive_ptr<c10d::ProcessGroup> ring;
+};
+
+// Creates this rank's Ulysses and ring groups (Gloo) over prefixes of the
+// world's rendezvous store. Collective: every world rank must call it with
+// the same layout. `host` is the address Gloo binds for its connections.
+absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
+                                        const c10::intrusive_ptr<c10d::Store>& store,
+                                        const std::string& host, std::chrono::milliseconds timeout);
+
+// ---------------------------------------------------------------------------
+// Ulysses: all-to-all between sequence and head sharding.
+
+// x: [B, H, Tl, D], this rank's sequence chunk with every head. Returns
+// [B, H / u, u · Tl, D]: heads [g · H/u, (g+1) · H/u) (g = this rank in the
+// group of size u) over the u chunks concatenated in group-rank order.
+// Differentiable (the backward is the inverse all-to-all). H must be
+// divisible by u. bf16/fp16 travel bit-exactly. Collective over `group`.
+torch::Tensor SequenceToHeads(const torch::Tensor& x, c10d::ProcessGroup& group);
+
+// The inverse: [B, H / u, u · Tl, D] -> [B, H, Tl, D].
+torch::Tensor HeadsToSequence(const torch::Tensor& x, c10d::ProcessGroup& group);
+
+// ---------------------------------------------------------------------------
+// TTT attention (ttt_attention.h semantics) with the step-0 keys spread over
+// a ring: RingCausalAttention for the causal part, then the keys of steps
+// 1..S (which only touch the same position) merged locally through the
+// ring's logsumexp. q: [B, Hq, Tpad, D]; k0, v0: [B, Hkv, Tpad, D]; kd, vd:
+// [S, B, Hkv, Tpad, D] or undefined / S = 0. Differentiable with respect to
+// every input; the merge runs in fp32 (fp64 for fp64) and the result has q's
+// dtype. Collective over `ring_group`.
+torch::Tensor RingTttAttention(const torch::Tensor& q, const torch::Tensor& k0,
+                               const torch::Tensor& v0, const torch::Tensor& kd,
+                               const torch::Tensor& vd, c10d::ProcessGroup& ring_group,
+                               const RingAttentionOptions& options);
 
 }  // namespace specstream::student
 

@@ -1,5 +1,8 @@
 #include "student/data_source.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
@@ -36,18 +39,38 @@ absl::StatusOr<std::unique_ptr<StoreSource>> StoreSource::Open(const std::string
 }
 
 absl::StatusOr<TrainingSample> StoreSource::Get(int64_t index) {
+  const int64_t all = std::numeric_limits<int64_t>::max();
+  return GetRows(index, RowRange{0, all, all});
+}
+
+absl::StatusOr<TrainingSample> StoreSource::GetRows(int64_t index, const RowRange& rows) {
   if (index < 0 || index >= size()) {
     return absl::OutOfRangeError(absl::StrCat("sample index ", index, " of ", size()));
   }
+  if (rows.begin < 0 || rows.end < rows.begin || rows.halo_end < rows.end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad row range [", rows.begin, ", ", rows.end, ") + halo to ", rows.halo_end));
+  }
   TrainingSample sample;
   sample.id = reader_->sample_ids()[index];
+  sample.length = lengths_[index];
+  sample.offset = rows.begin;
+  const int64_t begin = std::min(rows.begin, sample.length);
+  const int64_t own = std::min(rows.end, sample.length) - begin;
+  const int64_t with_halo = std::min(rows.halo_end, sample.length) - begin;
   ASSIGN_OR_RETURN(std::vector<TensorView> views, reader_->Get(sample.id));
+  // The views map the store; narrowing before copying reads only the
+  // requested rows.
   RETURN_IF_ERROR(CatchTorch(absl::StrCat("sample ", sample.id), [&] {
     for (const TensorView& v : views) {
       torch::Tensor t = BorrowView(v);
+      if (v.name == "aux_hidden") {
+        sample.aux_hidden = t.narrow(0, begin, own).clone();
+        continue;
+      }
+      t = t.narrow(0, begin, with_halo);
       if (v.name == "input_ids") sample.input_ids = t.to(torch::kInt64);
       if (v.name == "loss_mask") sample.loss_mask = t.to(torch::kUInt8, false, true);
-      if (v.name == "aux_hidden") sample.aux_hidden = t.clone();
       if (v.name == "last_hidden") sample.last_hidden = t.clone();
       if (v.name == "target_ids") sample.target_ids = t.to(torch::kInt64);
     }
@@ -56,32 +79,44 @@ absl::StatusOr<TrainingSample> StoreSource::Get(int64_t index) {
 }
 
 DraftBatch Collate(const std::vector<TrainingSample>& samples, int64_t max_length) {
-  const int64_t b = static_cast<int64_t>(samples.size());
-  std::vector<int64_t> lengths;
   int64_t t = 0;
   for (const TrainingSample& s : samples) {
-    int64_t len = s.input_ids.size(0);
-    if (max_length > 0) len = std::min(len, max_length);
-    lengths.push_back(len);
-    t = std::max(t, len);
+    t = std::max(t, max_length > 0 ? std::min(s.length, max_length) : s.length);
+  }
+  return CollateShard(samples, max_length, 0, t, 0);
+}
+
+DraftBatch CollateShard(const std::vector<TrainingSample>& samples, int64_t max_length,
+                        int64_t offset, int64_t rows, int64_t halo) {
+  const int64_t b = static_cast<int64_t>(samples.size());
+  const int64_t te = rows + halo;
+  std::vector<int64_t> lengths;
+  for (const TrainingSample& s : samples) {
+    lengths.push_back(max_length > 0 ? std::min(s.length, max_length) : s.length);
   }
   const TrainingSample& first = samples.front();
   DraftBatch batch;
-  batch.input_ids = torch::zeros({b, t}, torch::kInt64);
-  batch.loss_mask = torch::zeros({b, t}, torch::kUInt8);
-  batch.aux_hidden = torch::zeros({b, t, first.aux_hidden.size(1)}, first.aux_hidden.options());
-  batch.last_hidden = torch::zeros({b, t, first.last_hidden.size(1)}, first.last_hidden.options());
-  if (first.target_ids.defined()) batch.target_ids = torch::zeros({b, t}, torch::kInt64);
+  batch.offset = offset;
+  batch.input_ids = torch::zeros({b, te}, torch::kInt64);
+  batch.loss_mask = torch::zeros({b, te}, torch::kUInt8);
+  batch.aux_hidden = torch::zeros({b, rows, first.aux_hidden.size(1)}, first.aux_hidden.options());
+  batch.last_hidden = torch::zeros({b, te, first.last_hidden.size(1)}, first.last_hidden.options());
+  if (first.target_ids.defined()) batch.target_ids = torch::zeros({b, te}, torch::kInt64);
   for (int64_t i = 0; i < b; ++i) {
     const TrainingSample& s = samples[i];
-    const int64_t len = lengths[i];
-    batch.input_ids[i].narrow(0, 0, len).copy_(s.input_ids.narrow(0, 0, len));
-    batch.loss_mask[i].narrow(0, 0, len).copy_(s.loss_mask.narrow(0, 0, len));
-    batch.aux_hidden[i].narrow(0, 0, len).copy_(s.aux_hidden.narrow(0, 0, len));
-    batch.last_hidden[i].narrow(0, 0, len).copy_(s.last_hidden.narrow(0, 0, len));
-    if (batch.target_ids.defined()) {
-      batch.target_ids[i].narrow(0, 0, len).copy_(s.target_ids.narrow(0, 0, len));
-    }
+    // Rows of the window [offset, offset + te) that hold sample tokens,
+    // relative to both the batch and the sample's own row 0.
+    const int64_t skip = offset - s.offset;
+    auto copy = [&](torch::Tensor& dst, const torch::Tensor& src, int64_t window) {
+      const int64_t n = std::clamp<int64_t>(lengths[i] - offset, 0, window);
+      if (n == 0) return;
+      dst[i].narrow(0, 0, n).copy_(src.narrow(0, skip, n));
+    };
+    copy(batch.input_ids, s.input_ids, te);
+    copy(batch.loss_mask, s.loss_mask, te);
+    copy(batch.aux_hidden, s.aux_hidden, rows);
+    copy(batch.last_hidden, s.last_hidden, te);
+    if (batch.target_ids.defined()) copy(batch.target_ids, s.target_ids, te);
   }
   batch.lengths = torch::tensor(lengths, torch::kInt64);
   return batch;

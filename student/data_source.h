@@ -20,14 +20,27 @@
 
 namespace specstream::student {
 
-// One sample's tensors (owned copies), T tokens.
+// One sample's tensors (owned copies): rows [offset, offset + rows) of a
+// sample of `length` tokens (the whole sample unless read with GetRows).
 struct TrainingSample {
   int64_t id = 0;
-  torch::Tensor input_ids;    // [T] int64
-  torch::Tensor loss_mask;    // [T] uint8
-  torch::Tensor aux_hidden;   // [T, C·Ht]
-  torch::Tensor last_hidden;  // [T, Ht]
-  torch::Tensor target_ids;   // [T] int64, or undefined
+  int64_t offset = 0;         // position of row 0 within the sample
+  int64_t length = 0;         // the whole sample's token count
+  torch::Tensor input_ids;    // [R] int64
+  torch::Tensor loss_mask;    // [R] uint8
+  torch::Tensor aux_hidden;   // [Ra, C·Ht], Ra <= R (see RowRange)
+  torch::Tensor last_hidden;  // [R, Ht]
+  torch::Tensor target_ids;   // [R] int64, or undefined
+};
+
+// Which rows of a sample a context-parallel rank reads: aux_hidden rows
+// [begin, end), the per-token tensors (ids, mask, last_hidden, target_ids)
+// rows [begin, halo_end) — the shard plus the TTT halo. Both are clipped to
+// the sample's length; a range past the end gives zero rows.
+struct RowRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t halo_end = 0;  // >= end
 };
 
 class SampleSource {
@@ -36,6 +49,9 @@ class SampleSource {
   virtual int64_t size() const = 0;
   // The index-th sample (0 <= index < size()).
   virtual absl::StatusOr<TrainingSample> Get(int64_t index) = 0;
+  // Only some rows of it (context parallelism: a shard and its halo); a
+  // source reads no more of the sample than that.
+  virtual absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) = 0;
   // The model contract the samples were produced under (store index.json's).
   virtual const nlohmann::json& contract() const = 0;
   // Token count of the index-th sample, without reading its tensors.
@@ -47,6 +63,7 @@ class StoreSource final : public SampleSource {
   static absl::StatusOr<std::unique_ptr<StoreSource>> Open(const std::string& dir);
   int64_t size() const override { return reader_->num_samples(); }
   absl::StatusOr<TrainingSample> Get(int64_t index) override;
+  absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override;
   const nlohmann::json& contract() const override { return reader_->contract(); }
   int64_t Length(int64_t index) const override { return lengths_[index]; }
   bool has_target_ids() const { return has_target_ids_; }
@@ -58,8 +75,16 @@ class StoreSource final : public SampleSource {
   bool has_target_ids_ = false;
 };
 
-// Right-pads samples into one batch, truncating each to max_length (0: off).
+// Right-pads whole samples into one batch, truncating each to max_length
+// (0: off).
 DraftBatch Collate(const std::vector<TrainingSample>& samples, int64_t max_length);
+
+// One CP rank's shard of a batch: own rows [offset, offset + rows) and
+// `halo` rows after them (DraftBatch). `samples` were read with GetRows
+// covering at least that window (clipped to their lengths); each is
+// truncated to max_length (0: off) and zero-padded to the static shape.
+DraftBatch CollateShard(const std::vector<TrainingSample>& samples, int64_t max_length,
+                        int64_t offset, int64_t rows, int64_t halo);
 
 }  // namespace specstream::student
 

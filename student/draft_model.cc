@@ -1,25 +1,29 @@
 #include "student/draft_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "student/context_parallel.h"
 #include "student/soft_cross_entropy.h"
 #include "student/ttt_attention.h"
 
 namespace specstream::student {
 namespace {
 
-// out[:, t] = x[:, t + s] where t + s < T, else zero (dim 1).
-torch::Tensor ShiftLeft(const torch::Tensor& x, int64_t s) {
-  const int64_t t = x.size(1);
-  if (s >= t) return torch::zeros_like(x);
-  if (s == 0) return x;
+// Rows [s, s + rows) of x along dim 1 (out[:, i] = x[:, i + s]), zero where
+// i + s is past x's rows.
+torch::Tensor Ahead(const torch::Tensor& x, int64_t s, int64_t rows) {
+  const int64_t available = std::clamp<int64_t>(x.size(1) - s, 0, rows);
+  if (available == rows) return s == 0 && x.size(1) == rows ? x : x.narrow(1, s, rows);
   std::vector<int64_t> pad_shape(x.sizes().begin(), x.sizes().end());
-  pad_shape[1] = s;
-  return torch::cat({x.narrow(1, s, t - s), torch::zeros(pad_shape, x.options())}, 1);
+  pad_shape[1] = rows - available;
+  torch::Tensor zeros = torch::zeros(pad_shape, x.options());
+  if (available == 0) return zeros;
+  return torch::cat({x.narrow(1, s, available), zeros}, 1);
 }
 
 constexpr double kInitStd = 0.02;
@@ -144,11 +148,12 @@ torch::Tensor Eagle3Draft::InDraftVocab(const DraftBatch& batch) const {
 
 torch::Tensor Eagle3Draft::ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab,
                                      int k) const {
-  const int64_t t = batch.input_ids.size(1);
-  torch::Tensor positions = torch::arange(t, torch::kInt64).unsqueeze(0);
+  const int64_t t = batch.aux_hidden.size(1);
+  torch::Tensor positions =
+      torch::arange(batch.offset, batch.offset + t, torch::kInt64).unsqueeze(0);
   torch::Tensor in_range = (positions + k + 1) < batch.lengths.unsqueeze(1);
-  torch::Tensor mask = ShiftLeft(batch.loss_mask.to(torch::kBool), k);
-  return in_range & mask & ShiftLeft(in_vocab, k + 1);
+  torch::Tensor mask = Ahead(batch.loss_mask.to(torch::kBool), k, t);
+  return in_range & mask & Ahead(in_vocab, k + 1, t);
 }
 
 std::vector<int64_t> Eagle3Draft::CountValid(const DraftBatch& batch, int ttt_steps) const {
@@ -163,14 +168,19 @@ std::vector<int64_t> Eagle3Draft::CountValid(const DraftBatch& batch, int ttt_st
 
 absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt_steps,
                                                 const std::vector<int64_t>& valid_denominators,
-                                                torch::Dtype cd) {
+                                                torch::Dtype cd, const DraftParallel& parallel) {
   if (static_cast<int>(valid_denominators.size()) != ttt_steps) {
     return absl::InvalidArgumentError("one valid-position denominator per TTT step is required");
   }
   TttOutputs out;
   absl::Status status = CatchTorch("draft forward", [&] {
     const DraftShape& s = shape_;
-    const int64_t b = batch.input_ids.size(0), t = batch.input_ids.size(1);
+    // t: this batch's own rows (the whole sequence without CP); te: rows of
+    // the per-token inputs, t plus the halo.
+    const int64_t b = batch.input_ids.size(0), t = batch.aux_hidden.size(1);
+    const int64_t te = batch.input_ids.size(1);
+    TORCH_CHECK(te >= t, "draft forward: per-token inputs have fewer rows than aux_hidden");
+    const int64_t longest = b > 0 ? batch.lengths.max().item<int64_t>() : 0;
     const int64_t A = s.num_attention_heads, B = s.num_key_value_heads, D = s.head_dim;
     const double eps = s.rms_norm_eps;
     auto P = [&](const char* name) { return parameter(name).to(cd); };
@@ -191,13 +201,15 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
     torch::Tensor teacher_logp, teacher_argmax, in_vocab;
     {
       torch::NoGradGuard no_grad;
+      // log_softmax in place: one [rows, draft_vocab] fp32 buffer.
       torch::Tensor logits = torch::linear(batch.last_hidden.to(torch::kFloat32), teacher_head_);
-      teacher_logp = torch::log_softmax(logits, -1);
       teacher_argmax = logits.argmax(-1);
+      teacher_logp = logits.sub_(logits.logsumexp(-1, /*keepdim=*/true));
       in_vocab = InDraftVocab(batch);
     }
     torch::Tensor h = torch::linear(batch.aux_hidden.to(cd), P("fc.weight"));
-    auto [cos_all, sin_all] = rotary_->CosSin(torch::arange(t + ttt_steps, torch::kInt64), cd);
+    auto [cos_all, sin_all] = rotary_->CosSin(
+        torch::arange(batch.offset, batch.offset + t + ttt_steps, torch::kInt64), cd);
     torch::Tensor k0, v0;
     std::vector<torch::Tensor> diag_k, diag_v;
     TttAttentionOptions attention;
@@ -206,7 +218,7 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
     double decay = 1.0;
 
     for (int k = 0; k < ttt_steps; ++k) {
-      torch::Tensor ids = ShiftLeft(batch.input_ids, k + 1);
+      torch::Tensor ids = Ahead(batch.input_ids, k + 1, t);
       torch::Tensor embeds = embed_.index_select(0, ids.reshape({-1})).view({b, t, -1}).to(cd);
       torch::Tensor x =
           torch::cat({nn::RmsNorm(embeds, in_ln, eps), nn::RmsNorm(h, hid_ln, eps)}, -1);
@@ -217,6 +229,21 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
       q = nn::ApplyRotary(q, cos, sin).contiguous();
       kk = nn::ApplyRotary(kk, cos, sin).contiguous();
       vv = vv.contiguous();
+      // Ulysses: from here to the output projection each rank holds a slice
+      // of the heads over its Ulysses group's chunk of the sequence.
+      // One all-to-all carries q, k and v (each rank's slice of all three),
+      // so every step issues the same collectives in the same order.
+      if (parallel.ulysses != nullptr) {
+        const int64_t u = parallel.ulysses->getSize();
+        torch::Tensor qkv =
+            torch::cat({q.reshape({b, u, A / u, t, D}), kk.reshape({b, u, B / u, t, D}),
+                        vv.reshape({b, u, B / u, t, D})},
+                       2);
+        qkv = SequenceToHeads(qkv.reshape({b, -1, t, D}), *parallel.ulysses);
+        q = qkv.narrow(1, 0, A / u).contiguous();
+        kk = qkv.narrow(1, A / u, B / u).contiguous();
+        vv = qkv.narrow(1, A / u + B / u, B / u).contiguous();
+      }
       torch::Tensor kd, vd;
       if (k == 0) {
         k0 = kk;
@@ -227,13 +254,24 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
         kd = torch::stack(diag_k);
         vd = torch::stack(diag_v);
       }
-      torch::Tensor a = TttAttention(q, k0, v0, kd, vd, attention);
+      torch::Tensor a;
+      if (parallel.ring != nullptr) {
+        RingAttentionOptions ring;
+        ring.scale = attention.scale;
+        ring.block_size = attention.block_size;
+        a = RingTttAttention(q, k0, v0, kd, vd, *parallel.ring, ring);
+      } else {
+        a = TttAttention(q, k0, v0, kd, vd, attention);
+      }
+      if (parallel.ulysses != nullptr) a = HeadsToSequence(a, *parallel.ulysses);
       a = torch::linear(a.transpose(1, 2).reshape({b, t, A * D}), o_w);
       torch::Tensor h_next = h + a;
       h_next = h_next + nn::SwiGluMlp(nn::RmsNorm(h_next, post_ln, eps), gate, up, down);
 
-      // Position t predicts p[t+k+1]: only t < T-k-1 can be valid.
-      const int64_t rows = t - k - 1;
+      // Row i (global position offset + i) predicts position offset+i+k+1:
+      // only rows before longest-k-1 can be valid. The teacher rows needed,
+      // up to rows+k+1, lie within the halo.
+      const int64_t rows = std::clamp<int64_t>(longest - batch.offset - k - 1, 0, t);
       const double denominator = static_cast<double>(std::max<int64_t>(1, valid_denominators[k]));
       if (rows > 0) {
         torch::Tensor valid = ValidMask(batch, in_vocab, k).narrow(1, 0, rows);
@@ -246,6 +284,9 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
         out.valid.push_back(valid.sum().item<int64_t>());
         out.loss_sum.push_back(ce.loss.item<double>());
       } else {
+        // Nothing to predict from these rows, but the step stays in the
+        // graph: under CP every rank must run the same backward collectives.
+        weighted = weighted + h_next.sum().to(torch::kFloat32) * 0.0;
         out.correct.push_back(0);
         out.valid.push_back(0);
         out.loss_sum.push_back(0.0);

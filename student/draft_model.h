@@ -28,6 +28,10 @@
 #include "common/torch/blocks.h"
 #include "common/vocab_map.h"
 
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
 namespace specstream::student {
 
 struct DraftShape {
@@ -46,14 +50,29 @@ struct DraftShape {
   int64_t max_position_embeddings = 0;
 };
 
-// A padded batch of samples, right-padded to T. Shapes per rank.
+// A batch of samples right-padded to a common length, or (context
+// parallelism) one rank's shard of such a batch: T rows of global positions
+// [offset, offset + T), plus `halo` rows after them in the per-token inputs
+// (the TTT unroll at step k reads ids, loss mask and teacher targets k+1
+// positions ahead, which may lie in the next shard). Without CP, offset = 0
+// and halo = 0. Rows past a sample's length are zero.
 struct DraftBatch {
-  torch::Tensor input_ids;    // [B, T] int64
-  torch::Tensor loss_mask;    // [B, T] uint8 (0 on padding)
-  torch::Tensor aux_hidden;   // [B, T, C·Ht]
-  torch::Tensor last_hidden;  // [B, T, Ht]
-  torch::Tensor target_ids;   // [B, T] int64 full-vocab argmax, or undefined
-  torch::Tensor lengths;      // [B] int64
+  torch::Tensor input_ids;    // [B, T + halo] int64
+  torch::Tensor loss_mask;    // [B, T + halo] uint8 (0 on padding)
+  torch::Tensor aux_hidden;   // [B, T, C·Ht]: the shard's own rows only
+  torch::Tensor last_hidden;  // [B, T + halo, Ht]
+  torch::Tensor target_ids;   // [B, T + halo] int64 full-vocab argmax, or undefined
+  torch::Tensor lengths;      // [B] int64: each sample's whole (global) length
+  int64_t offset = 0;         // global position of row 0
+};
+
+// Context parallelism for Forward (student/context_parallel.h): the groups
+// this rank's attention exchanges over, null where the degree is 1. The batch
+// must then be this rank's shard (same T on every rank of the CP group) and
+// every rank of the groups must call Forward and backward together.
+struct DraftParallel {
+  c10d::ProcessGroup* ulysses = nullptr;
+  c10d::ProcessGroup* ring = nullptr;
 };
 
 // Per-step sums over this rank's valid positions; the trainer all-reduces
@@ -76,14 +95,18 @@ class Eagle3Draft final {
   // The TTT unroll over `ttt_steps` steps. `valid_denominators[k]` is the
   // global (all ranks) count of valid positions at step k, so that the loss
   // is normalised exactly as on one rank. `compute_dtype` is float32 or
-  // bfloat16 (parameters are cast; masters stay fp32).
+  // bfloat16 (parameters are cast; masters stay fp32). Under context
+  // parallelism `batch` is this rank's shard with a halo of >= ttt_steps rows
+  // and `parallel` names the groups; outputs cover the shard's own rows.
   absl::StatusOr<TttOutputs> Forward(const DraftBatch& batch, int ttt_steps,
                                      const std::vector<int64_t>& valid_denominators,
-                                     torch::Dtype compute_dtype);
+                                     torch::Dtype compute_dtype,
+                                     const DraftParallel& parallel = {});
 
-  // Valid-position counts per step for a batch (the denominators before the
-  // all-reduce): (t, k) is valid iff t+k+1 < len, loss_mask[t+k] = 1 and the
-  // full-vocab argmax at t+k+1 is in the draft vocab.
+  // Valid-position counts per step over the batch's own rows (the
+  // denominators before the all-reduce): global position p is valid at step
+  // k iff p+k+1 < len, loss_mask[p+k] = 1 and the full-vocab argmax at p+k+1
+  // is in the draft vocab.
   std::vector<int64_t> CountValid(const DraftBatch& batch, int ttt_steps) const;
 
   // Trainable parameters by export name, in a fixed order.
@@ -98,9 +121,9 @@ class Eagle3Draft final {
   // Full-vocab argmax of the teacher at every position (from target_ids when
   // present, else from last_hidden and the full target lm_head).
   torch::Tensor TeacherArgmax(const DraftBatch& batch) const;
-  // [B, T] bool: position's teacher argmax lies in the draft vocab.
+  // [B, T + halo] bool: position's teacher argmax lies in the draft vocab.
   torch::Tensor InDraftVocab(const DraftBatch& batch) const;
-  // valid[k] as a [B, T] bool mask.
+  // valid[k] over the batch's own rows as a [B, T] bool mask.
   torch::Tensor ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab, int k) const;
 
   DraftShape shape_;

@@ -2,6 +2,8 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+
 namespace specstream::student {
 namespace {
 
@@ -16,6 +18,8 @@ class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
                                int64_t chunk_rows) {
     torch::NoGradGuard no_grad;
     const int64_t b = hidden.size(0), l = hidden.size(1);
+    if (chunk_rows <= 0)
+      chunk_rows = std::clamp<int64_t>((int64_t{1} << 20) / weight.size(0), 64, 1024);
     const torch::Tensor w32 = weight.to(torch::kFloat32);
     torch::Tensor loss = torch::zeros({}, torch::kFloat64);
     torch::Tensor correct = torch::zeros({}, torch::kInt64);
@@ -26,11 +30,14 @@ class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
         if (!rw.ne(0).any().item<bool>()) continue;
         torch::Tensor logits =
             torch::matmul(hidden[i].narrow(0, start, rows).to(torch::kFloat32), w32.t());
-        torch::Tensor logq = torch::log_softmax(logits, -1);
-        torch::Tensor p_log = target_logp[i].narrow(0, start, rows);
-        torch::Tensor ce = -(p_log.exp() * logq).sum(-1);
-        loss += (ce * rw).sum().to(torch::kFloat64);
         torch::Tensor hit = logits.argmax(-1).eq(target_argmax[i].narrow(0, start, rows));
+        // CE = -Σ_v p_v (logits_v - lse) = lse · Σp - Σ_v p_v logits_v, with
+        // two [rows, V] temporaries (logits, p) and the product taken in place.
+        torch::Tensor lse = logits.logsumexp(-1);
+        torch::Tensor p = target_logp[i].narrow(0, start, rows).exp();
+        torch::Tensor p_sum = p.sum(-1);
+        torch::Tensor ce = lse * p_sum - p.mul_(logits).sum(-1);
+        loss += (ce * rw).sum().to(torch::kFloat64);
         correct += (hit & rw.ne(0)).sum();
       }
     }
@@ -59,10 +66,11 @@ class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
         torch::Tensor rw = row_weight[i].narrow(0, start, rows);
         if (!rw.ne(0).any().item<bool>()) continue;
         torch::Tensor h = hidden[i].narrow(0, start, rows).to(torch::kFloat32);
-        torch::Tensor q = torch::softmax(torch::matmul(h, w32.t()), -1);
-        // d/dlogits of −Σ p log softmax = softmax − p (Σ p = 1), per row weight.
-        torch::Tensor g =
-            (q - target_logp[i].narrow(0, start, rows).exp()) * (rw * scale).unsqueeze(1);
+        // d/dlogits of −Σ p log softmax = softmax − p (Σ p = 1), per row
+        // weight, built in place in one [rows, V] buffer plus exp(p).
+        torch::Tensor g = torch::matmul(h, w32.t());
+        g.sub_(g.logsumexp(-1, /*keepdim=*/true)).exp_();
+        g.sub_(target_logp[i].narrow(0, start, rows).exp()).mul_((rw * scale).unsqueeze(1));
         grad_hidden[i].narrow(0, start, rows).copy_(torch::matmul(g, w32));
         grad_weight.addmm_(g.t(), h);
       }

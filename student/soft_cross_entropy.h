@@ -17,10 +17,13 @@ struct SoftCrossEntropyResult {
 // hidden [B, L, H] (compute dtype), weight [V, H] (compute dtype),
 // target_logp [B, L, V] fp32 log-probabilities (no grad; may be a narrowed
 // view), target_argmax [B, L] int64, row_weight [B, L] fp32 (0 drops a row).
-// Logits and softmax are fp32.
+// Logits and softmax are fp32. `chunk_rows` 0 picks chunks of about 2^20
+// logits (4 MiB fp32 per chunk temporary, at most 1024 and at least 64
+// rows): the transient memory is a few chunks whatever the length, which
+// keeps a context-parallel shard's memory proportional to its rows.
 SoftCrossEntropyResult FusedSoftCrossEntropy(
     const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& target_logp,
-    const torch::Tensor& target_argmax, const torch::Tensor& row_weight, int64_t chunk_rows = 1024);
+    const torch::Tensor& target_argmax, const torch::Tensor& row_weight, int64_t chunk_rows = 0);
 
 }  // namespace specstream::student
 

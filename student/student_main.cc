@@ -129,6 +129,10 @@ absl::Status Train(const std::string& config_path, bool resume, int progress) {
   const int rank = EnvInt("RANK", 0);
   const int world = EnvInt("WORLD_SIZE", 1);
   SetLogRank(rank);
+  // An impossible layout fails here, before any rank waits for the others.
+  RETURN_IF_ERROR(ValidateCpLayout(CpLayout{world, static_cast<int>(config.cp_size),
+                                            static_cast<int>(config.ulysses_degree), rank},
+                                   0, 0));
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   ProcessGroupHandle handle;
   if (world > 1) {
@@ -137,11 +141,12 @@ absl::Status Train(const std::string& config_path, bool resume, int progress) {
     rendezvous.world_size = world;
     const char* addr = std::getenv("MASTER_ADDR");
     rendezvous.master_addr = addr != nullptr ? addr : "127.0.0.1";
+    config.gloo_host = rendezvous.master_addr;
     rendezvous.master_port = EnvInt("MASTER_PORT", 29500);
     ASSIGN_OR_RETURN(handle, CreateGlooGroup(rendezvous));
     group = handle.group;
   }
-  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(config, rank, world, group));
+  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(config, rank, world, group, handle.store));
   return trainer->Run();
 }
 

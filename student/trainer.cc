@@ -90,9 +90,14 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.export_dir = spec.export_().dir();
   c.metrics_jsonl = spec.metrics().jsonl();
   c.tensorboard_dir = spec.metrics().tensorboard_dir();
-  if (spec.parallel().cp_size() > 1) {
-    return absl::UnimplementedError(
-        "parallel.cp_size > 1: context parallelism is not available in this build yet");
+  const auto& parallel = spec.parallel();
+  c.cp_size = std::max<int64_t>(1, parallel.cp_size());
+  if (parallel.cp_mode() == "ulysses") {
+    c.ulysses_degree = c.cp_size;
+  } else if (parallel.cp_mode() == "usp") {
+    c.ulysses_degree = parallel.ulysses_degree();
+  } else {
+    c.ulysses_degree = 1;  // ring
   }
   return c;
 }
@@ -109,9 +114,17 @@ double SimulatedAcceptLength(const std::vector<double>& acc_k) {
 Trainer::~Trainer() = default;
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<c10d::ProcessGroup> group,
+    c10::intrusive_ptr<c10d::Store> store) {
   if (world_size > 1 && !group) {
     return absl::InvalidArgumentError("a world of several ranks needs a process group");
+  }
+  CpLayout layout{world_size, static_cast<int>(config.cp_size),
+                  static_cast<int>(config.ulysses_degree), rank};
+  // Heads are checked once the draft's shape is known (Init).
+  RETURN_IF_ERROR(ValidateCpLayout(layout, 0, 0));
+  if (layout.cp_size > 1 && !store) {
+    return absl::InvalidArgumentError("context parallelism needs the world's rendezvous store");
   }
   TuneAllocatorForTensors();
   std::unique_ptr<Trainer> trainer(new Trainer());
@@ -119,6 +132,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   trainer->rank_ = rank;
   trainer->world_size_ = world_size;
   trainer->group_ = std::move(group);
+  trainer->store_ = std::move(store);
+  trainer->layout_ = layout;
   RETURN_IF_ERROR(trainer->Init());
   return trainer;
 }
@@ -191,6 +206,9 @@ absl::Status Trainer::Init() {
   shape.rope_theta = target.rope_theta;
   shape.rope_scaling = target.rope_scaling;
   shape.max_position_embeddings = target.max_position_embeddings;
+  RETURN_IF_ERROR(ValidateCpLayout(layout_, shape.num_attention_heads, shape.num_key_value_heads));
+  ASSIGN_OR_RETURN(cp_groups_,
+                   CreateCpGroups(layout_, store_, c.gloo_host, std::chrono::minutes(5)));
   ASSIGN_OR_RETURN(
       draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed, !source_->has_target_ids()));
   RETURN_IF_ERROR(BroadcastParameters());
@@ -210,9 +228,12 @@ absl::Status Trainer::Init() {
                                : static_cast<int64_t>(std::llround(c.warmup_ratio * total_steps_));
   schedule_.cosine = c.cosine;
   schedule_.min_lr_ratio = c.min_lr_ratio;
-  SS_LOG_INFO("trainer: rank {}/{}, {} samples, {} steps/epoch, {} steps, draft vocab {}, K={}",
-              rank_, world_size_, source_->size(), steps_per_epoch_, total_steps_,
-              map.draft_vocab(), c.ttt_steps);
+  SS_LOG_INFO(
+      "trainer: rank {}/{} (dp {}/{}, cp {}/{}, ulysses {}), {} samples, {} steps/epoch, {} "
+      "steps, draft vocab {}, K={}",
+      rank_, world_size_, layout_.dp_rank(), layout_.dp_size(), layout_.cp_rank(), layout_.cp_size,
+      layout_.ulysses, source_->size(), steps_per_epoch_, total_steps_, map.draft_vocab(),
+      c.ttt_steps);
   if (c.resume) RETURN_IF_ERROR(TryResume());
   if (!c.tensorboard_dir.empty() && rank_ == 0) {
     ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Create(c.tensorboard_dir));
@@ -224,8 +245,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Trainer::EpochPlan(int64_t epo
   if (epoch == cached_epoch_) return cached_plan_;
   SamplerOptions options;
   options.seed = config_.seed;
-  options.dp_rank = rank_;
-  options.dp_size = world_size_;
+  // The CP ranks of a DP group share its batches.
+  options.dp_rank = layout_.dp_rank();
+  options.dp_size = layout_.dp_size();
   std::vector<std::vector<int64_t>> plan;
   if (config_.batch_size > 0) {
     ASSIGN_OR_RETURN(auto sampler, DistributedSampler::Create(source_->size(), options));
@@ -374,17 +396,40 @@ absl::Status Trainer::SyncGradients() {
   });
 }
 
+absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indices) {
+  std::vector<TrainingSample> samples;
+  if (layout_.cp_size == 1) {
+    for (int64_t index : indices) {
+      ASSIGN_OR_RETURN(TrainingSample s, source_->Get(index));
+      samples.push_back(std::move(s));
+    }
+    return Collate(samples, config_.max_length);
+  }
+  // Every CP rank of the DP group sees the same indices, so they agree on
+  // the padded length without communicating; each reads only its shard and
+  // the TTT halo (the next ttt_steps rows).
+  int64_t longest = 0;
+  for (int64_t index : indices) {
+    const int64_t len = source_->Length(index);
+    longest = std::max(longest, config_.max_length > 0 ? std::min(len, config_.max_length) : len);
+  }
+  const CpShard shard = ShardRange(longest, layout_.cp_size, layout_.cp_rank());
+  const int64_t halo = config_.ttt_steps;
+  const RowRange rows{shard.begin, shard.begin + shard.padded_length,
+                      shard.begin + shard.padded_length + halo};
+  for (int64_t index : indices) {
+    ASSIGN_OR_RETURN(TrainingSample s, source_->GetRows(index, rows));
+    samples.push_back(std::move(s));
+  }
+  return CollateShard(samples, config_.max_length, shard.begin, shard.padded_length, halo);
+}
+
 absl::Status Trainer::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t epoch = step_ / steps_per_epoch_;
   ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(epoch));
   const std::vector<int64_t>& indices = plan[step_ % steps_per_epoch_];
-  std::vector<TrainingSample> samples;
-  for (int64_t index : indices) {
-    ASSIGN_OR_RETURN(TrainingSample s, source_->Get(index));
-    samples.push_back(std::move(s));
-  }
-  DraftBatch batch = Collate(samples, config_.max_length);
+  ASSIGN_OR_RETURN(DraftBatch batch, LoadBatch(indices));
   const int k_steps = config_.ttt_steps;
 
   std::vector<int64_t> local_valid = draft_->CountValid(batch, k_steps);
@@ -396,7 +441,9 @@ absl::Status Trainer::TrainStep() {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
   PrepareGradientBuckets();
-  ASSIGN_OR_RETURN(TttOutputs out, draft_->Forward(batch, k_steps, global_valid, config_.dtype));
+  const DraftParallel parallel{cp_groups_.ulysses.get(), cp_groups_.ring.get()};
+  ASSIGN_OR_RETURN(TttOutputs out,
+                   draft_->Forward(batch, k_steps, global_valid, config_.dtype, parallel));
   RETURN_IF_ERROR(CatchTorch("backward", [&] { out.weighted_loss.backward(); }));
   RETURN_IF_ERROR(SyncGradients());
   const double grad_norm = ClipGradNorm(draft_->parameters(), config_.grad_clip);
@@ -410,7 +457,10 @@ absl::Status Trainer::TrainStep() {
     sums.push_back(out.loss_sum[k]);
     sums.push_back(static_cast<double>(out.correct[k]));
   }
-  sums.push_back(static_cast<double>(batch.lengths.sum().item<int64_t>()));
+  // Tokens of this rank's own rows (a CP shard counts only its part).
+  const int64_t own_rows = batch.aux_hidden.size(1);
+  sums.push_back(
+      static_cast<double>((batch.lengths - batch.offset).clamp(0, own_rows).sum().item<int64_t>()));
   torch::Tensor metrics = torch::tensor(sums, torch::kFloat64);
   RETURN_IF_ERROR(AllReduce(metrics));
   StepMetrics m;
@@ -542,6 +592,8 @@ absl::Status Trainer::SaveCheckpoint() {
                       {"steps_per_epoch", steps_per_epoch_},
                       {"total_steps", total_steps_},
                       {"world_size", world_size_},
+                      {"cp_size", layout_.cp_size},
+                      {"ulysses_degree", layout_.ulysses},
                       {"seed", config_.seed},
                       {"ttt_steps", config_.ttt_steps},
                       {"target_dir", config_.target_dir},
@@ -582,6 +634,11 @@ absl::Status Trainer::TryResume() {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint step ", *latest, " was written by ", state.value("world_size", 0),
                      " ranks; exact resume needs the same world size (", world_size_, ")"));
+  }
+  if (state.value("cp_size", 1) != layout_.cp_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint step ", *latest, " was written with cp_size ", state.value("cp_size", 1),
+        "; exact resume needs the same (", layout_.cp_size, ")"));
   }
   if (state.value("steps_per_epoch", int64_t{0}) != steps_per_epoch_) {
     return absl::FailedPreconditionError(
@@ -624,9 +681,9 @@ absl::Status Trainer::TryResume() {
       group_->allreduce(b, max_options)->wait();
     }));
     if (low.item<int64_t>() != high.item<int64_t>()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ranks resumed from different checkpoints (steps ", low.item<int64_t>(), " to ",
-          high.item<int64_t>(), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("ranks resumed from different checkpoints (steps ", low.item<int64_t>(),
+                       " to ", high.item<int64_t>(), ")"));
     }
   }
   SS_LOG_INFO("resume: continuing from step {} of {}", step_, total_steps_);

@@ -5,7 +5,11 @@
 // Exactness contract: the loss at step k is normalised by the number of valid
 // positions over all ranks, and gradients are summed across ranks, so N ranks
 // with batch b train exactly like 1 rank with batch N·b (up to float
-// summation order).
+// summation order). Under context parallelism (world = DP × CP) the CP ranks
+// of a DP group share one batch, each loading and computing only its shard
+// of the sequence; the same normalisation and sum make CP = c train exactly
+// like CP = 1 (the sum over CP is the gradient of the whole sequence; the
+// sum over DP of globally normalised losses is the token-weighted DP mean).
 #ifndef SPECSTREAM_STUDENT_TRAINER_H_
 #define SPECSTREAM_STUDENT_TRAINER_H_
 
@@ -19,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "specstream/v1/job.pb.h"
+#include "student/context_parallel.h"
 #include "student/data_source.h"
 #include "student/draft_model.h"
 #include "student/optimizer.h"
@@ -64,6 +69,12 @@ struct TrainerConfig {
   int progress_terminal = -1;
   // DDP gradient bucket size in fp32 elements (16 MiB by default).
   int64_t ddp_bucket_elements = int64_t{4} << 20;
+  // Context parallelism (DESIGN.md §6, student/context_parallel.h): world =
+  // DP × cp_size; ulysses_degree divides cp_size (1: ring only; cp_size:
+  // Ulysses only; in between: USP).
+  int64_t cp_size = 1;
+  int64_t ulysses_degree = 1;
+  std::string gloo_host = "127.0.0.1";  // address Gloo binds for the CP groups
 };
 
 struct StepMetrics {
@@ -81,9 +92,11 @@ struct StepMetrics {
 
 class Trainer final {
  public:
-  // `group` may be null when world_size is 1.
+  // `group` may be null when world_size is 1. `store` is the world's
+  // rendezvous store, needed to create the CP groups when cp_size > 1.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
-      TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<c10d::ProcessGroup> group);
+      TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<c10d::ProcessGroup> group,
+      c10::intrusive_ptr<c10d::Store> store = {});
   ~Trainer();
 
   // Trains until max_steps / epochs are done (resuming first when asked).
@@ -101,6 +114,8 @@ class Trainer final {
   absl::Status Init();
   absl::StatusOr<std::vector<std::vector<int64_t>>> EpochPlan(int64_t epoch);
   absl::Status TrainStep();
+  // This rank's batch (its CP shard of it under context parallelism).
+  absl::StatusOr<DraftBatch> LoadBatch(const std::vector<int64_t>& indices);
   absl::Status AllReduce(torch::Tensor& t);
   void SetUpGradientBuckets();
   void PrepareGradientBuckets();
@@ -117,6 +132,9 @@ class Trainer final {
   int rank_ = 0;
   int world_size_ = 1;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  CpLayout layout_;
+  CpGroups cp_groups_;
   std::unique_ptr<StoreSource> source_;
   std::unique_ptr<Eagle3Draft> draft_;
   std::unique_ptr<AdamW> optimizer_;

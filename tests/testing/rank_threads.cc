@@ -10,6 +10,12 @@ namespace specstream::testing {
 
 absl::Status RunOnRankThreads(
     int world, const std::function<absl::Status(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn) {
+  return RunOnRankHandles(
+      world, [&](int rank, const ProcessGroupHandle& handle) { return fn(rank, handle.group); });
+}
+
+absl::Status RunOnRankHandles(
+    int world, const std::function<absl::Status(int, const ProcessGroupHandle&)>& fn) {
   RendezvousOptions rendezvous;
   rendezvous.world_size = world;
   rendezvous.timeout = std::chrono::seconds(60);
@@ -29,7 +35,7 @@ absl::Status RunOnRankThreads(
         return;
       }
       try {
-        statuses[rank] = fn(rank, group->group);
+        statuses[rank] = fn(rank, *group);
       } catch (const std::exception& e) {
         statuses[rank] = absl::InternalError("rank " + std::to_string(rank) + ": " + e.what());
       }

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "absl/status/status.h"
+#include "common/torch/process_group.h"
 
 namespace specstream::testing {
 
@@ -16,6 +17,11 @@ namespace specstream::testing {
 absl::Status RunOnRankThreads(
     int world,
     const std::function<absl::Status(int rank, c10::intrusive_ptr<c10d::ProcessGroup> group)>& fn);
+
+// The same, handing each rank its whole handle (group and rendezvous store,
+// e.g. to create sub-groups).
+absl::Status RunOnRankHandles(
+    int world, const std::function<absl::Status(int rank, const ProcessGroupHandle& handle)>& fn);
 
 }  // namespace specstream::testing
 

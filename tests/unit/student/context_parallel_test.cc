@@ -1,8 +1,10 @@
-// Context-parallel primitives: the shard layout (pure functions), the
+// Context-parallel primitives: the shard and rank layout (pure functions), the
 // autograd all-gather (the DESIGN's two-rank check and random shapes against
-// the analytic gradient) and ring causal attention against full single-process
-// causal attention (forward, lse and every gradient), with cp ranks run as
-// threads, each with its own Gloo group over one TCPStore.
+// the analytic gradient), ring causal attention against full single-process
+// causal attention (forward, lse and every gradient), the Ulysses all-to-all,
+// and TTT attention under ring, Ulysses and USP against single-process
+// TttAttention, with cp ranks run as threads, each with its own Gloo groups
+// over one TCPStore.
 #include "student/context_parallel.h"
 
 #include <algorithm>
@@ -192,13 +194,14 @@ TEST_P(SequenceAllGatherRandomTest, MatchesAnalyticGradient) {
 
 TEST(SequenceAllGatherTest, EmptyShardsStayEmpty) {
   std::vector<torch::Tensor> gathered(2), grads(2);
-  ASSERT_TRUE(RunRanks(2, [&](int rank, c10d::ProcessGroup& group) {
-                torch::Tensor x = torch::zeros({1, 0, 3}, torch::kFloat32).requires_grad_(true);
-                torch::Tensor g = SequenceAllGather(x, group);
-                g.sum().backward();
-                gathered[rank] = g.detach();
-                grads[rank] = x.grad();
-              }).ok());
+  const absl::Status status = RunRanks(2, [&](int rank, c10d::ProcessGroup& group) {
+    torch::Tensor x = torch::zeros({1, 0, 3}, torch::kFloat32).requires_grad_(true);
+    torch::Tensor g = SequenceAllGather(x, group);
+    g.sum().backward();
+    gathered[rank] = g.detach();
+    grads[rank] = x.grad();
+  });
+  ASSERT_TRUE(status.ok()) << status;
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(gathered[r].sizes(), torch::IntArrayRef({1, 0, 3}));
     EXPECT_EQ(grads[r].sizes(), torch::IntArrayRef({1, 0, 3}));
@@ -307,60 +310,153 @@ TEST_P(RingCausalAttentionTest, MatchesFullCausalAttention) {
   EXPECT_LE(e.Max(), 1e-5) << c;
 }
 
-// The intended use for TTT: ring attention over the step-0 keys, then the
-// diagonal keys of steps 1..S merged locally through lse (they only touch the
-// same position). Against single-process TttAttention, forward and the
-// gradients of q, k0, v0, kd and vd, at cp = 2 with an odd length.
-TEST(RingCausalAttentionTttTest, LocalDiagonalMergeMatchesTttAttention) {
-  const int cp = 2;
-  const int64_t batch = 1, q_heads = 4, kv_heads = 2, t = 9, d = 8, steps = 2;
-  const int64_t group_size = q_heads / kv_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  torch::manual_seed(3);
-  torch::Tensor q = torch::randn({batch, q_heads, t, d});
-  torch::Tensor k0 = torch::randn({batch, kv_heads, t, d});
-  torch::Tensor v0 = torch::randn({batch, kv_heads, t, d});
-  torch::Tensor kd = torch::randn({steps, batch, kv_heads, t, d});
-  torch::Tensor vd = torch::randn({steps, batch, kv_heads, t, d});
-  torch::Tensor weight = torch::randn({batch, q_heads, t, d});
+// ---------------------------------------------------------------------------
+// TTT attention under every CP mode, exactly as the draft calls it: Ulysses
+// all-to-all (sequence -> heads) of q, k0, v0 and the diagonal keys, then ring
+// TTT attention over the ring group (or plain TttAttention when the ring has
+// one rank), then the inverse all-to-all. Against single-process
+// TttAttention: the output and the gradients of q, k0, v0, kd and vd.
 
-  std::vector<torch::Tensor> ref = {q, k0, v0, kd, vd};
-  for (torch::Tensor& x : ref) x = x.clone().requires_grad_(true);
+struct CpTttCase {
+  int cp, ulysses;
+  int64_t t, steps;
+  torch::Dtype dtype;
+};
+
+std::ostream& operator<<(std::ostream& os, const CpTttCase& c) {
+  return os << "cp=" << c.cp << " ulysses=" << c.ulysses << " T=" << c.t << " S=" << c.steps << " "
+            << c10::toString(c.dtype);
+}
+
+class CpTttAttentionTest : public ::testing::TestWithParam<CpTttCase> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, CpTttAttentionTest,
+    ::testing::Values(CpTttCase{2, 1, 9, 2, torch::kFloat32},    // ring, odd T
+                      CpTttCase{2, 2, 9, 2, torch::kFloat32},    // Ulysses, odd T
+                      CpTttCase{4, 1, 13, 3, torch::kFloat32},   // ring over 4
+                      CpTttCase{4, 4, 13, 3, torch::kFloat32},   // Ulysses over 4
+                      CpTttCase{4, 2, 13, 3, torch::kFloat32},   // USP: 2 x ring 2
+                      CpTttCase{4, 2, 3, 2, torch::kFloat32},    // USP, T < cp: empty shard
+                      CpTttCase{4, 1, 3, 1, torch::kFloat32},    // ring, T < cp
+                      CpTttCase{2, 2, 8, 0, torch::kFloat32},    // step 0 only
+                      CpTttCase{4, 2, 13, 2, torch::kBFloat16},  // bf16 travels bit-exactly
+                      CpTttCase{2, 1, 10, 2, torch::kFloat64}));
+
+TEST_P(CpTttAttentionTest, MatchesSingleProcessTttAttention) {
+  const CpTttCase c = GetParam();
+  const int64_t batch = 2, q_heads = 8, kv_heads = 4, d = 8;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  torch::manual_seed(c.t * 7 + c.cp + c.ulysses);
+  auto make = [&](std::vector<int64_t> shape) { return torch::randn(shape).to(c.dtype); };
+  std::vector<torch::Tensor> ref = {make({batch, q_heads, c.t, d}), make({batch, kv_heads, c.t, d}),
+                                    make({batch, kv_heads, c.t, d}),
+                                    make({c.steps, batch, kv_heads, c.t, d}),
+                                    make({c.steps, batch, kv_heads, c.t, d})};
+  const torch::Tensor weight = make({batch, q_heads, c.t, d});
+  for (torch::Tensor& x : ref) x.requires_grad_(true);
   TttAttentionOptions ttt;
   ttt.scale = scale;
-  torch::Tensor ref_out = TttAttention(ref[0], ref[1], ref[2], ref[3], ref[4], ttt);
+  ttt.block_size = 4;
+  const torch::Tensor ref_out = TttAttention(ref[0], ref[1], ref[2], ref[3], ref[4], ttt);
   (ref_out * weight).sum().backward();
 
-  std::vector<double> errors(cp, 0.0);
-  const absl::Status status = RunRanks(cp, [&](int rank, c10d::ProcessGroup& group) {
-    const CpShard range = ShardRange(t, cp, rank);
-    std::vector<torch::Tensor> local;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      local.push_back(ShardSequence(ref[i].detach(), i < 3 ? 2 : 3, cp, rank).requires_grad_(true));
-    }
-    RingAttentionOptions options;
-    options.scale = scale;
-    options.block_size = 2;
-    RingAttentionOutput ring = RingCausalAttention(local[0], local[1], local[2], group, options);
-    torch::Tensor kdr = local[3].repeat_interleave(group_size, 2);  // [S, B, Hq, Tpad, D]
-    torch::Tensor vdr = local[4].repeat_interleave(group_size, 2);
-    torch::Tensor sd = (local[0].unsqueeze(0) * kdr).sum(-1) * scale;  // [S, B, Hq, Tpad]
-    torch::Tensor lse = torch::logsumexp(torch::cat({ring.lse.unsqueeze(0), sd}, 0), 0);
-    torch::Tensor out = ring.out * (ring.lse - lse).exp().unsqueeze(-1) +
-                        ((sd - lse).exp().unsqueeze(-1) * vdr).sum(0);
-    (out * ShardSequence(weight, 2, cp, rank)).sum().backward();
-    double e = MaxAbsDiff(out.narrow(2, 0, range.length),
-                          ref_out.detach().narrow(2, range.begin, range.length));
-    for (size_t i = 0; i < ref.size(); ++i) {
-      e = std::max(
-          e, MaxAbsDiff(local[i].grad(), ShardSequence(ref[i].grad(), i < 3 ? 2 : 3, cp, rank)));
-    }
-    errors[rank] = e;
-  });
+  std::vector<double> errors(c.cp, 0.0);
+  const absl::Status status = specstream::testing::RunOnRankHandles(
+      c.cp, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
+        const CpLayout layout{c.cp, c.cp, c.ulysses, rank};
+        auto groups = CreateCpGroups(layout, handle.store, "127.0.0.1", std::chrono::seconds(60));
+        if (!groups.ok()) return groups.status();
+        std::vector<torch::Tensor> local;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          local.push_back(
+              ShardSequence(ref[i].detach(), i < 3 ? 2 : 3, c.cp, rank).requires_grad_(true));
+        }
+        torch::Tensor q = local[0], k0 = local[1], v0 = local[2], kd = local[3], vd = local[4];
+        if (groups->ulysses) {
+          q = SequenceToHeads(q, *groups->ulysses);
+          k0 = SequenceToHeads(k0, *groups->ulysses);
+          v0 = SequenceToHeads(v0, *groups->ulysses);
+          std::vector<torch::Tensor> kds, vds;
+          for (int64_t s = 0; s < c.steps; ++s) {
+            kds.push_back(SequenceToHeads(kd[s], *groups->ulysses));
+            vds.push_back(SequenceToHeads(vd[s], *groups->ulysses));
+          }
+          kd = c.steps > 0 ? torch::stack(kds) : torch::Tensor();
+          vd = c.steps > 0 ? torch::stack(vds) : torch::Tensor();
+        }
+        torch::Tensor out;
+        if (groups->ring) {
+          RingAttentionOptions options;
+          options.scale = scale;
+          options.block_size = 2;
+          out = RingTttAttention(q, k0, v0, kd, vd, *groups->ring, options);
+        } else {
+          out = TttAttention(q, k0, v0, kd, vd, ttt);
+        }
+        if (groups->ulysses) out = HeadsToSequence(out, *groups->ulysses);
+        (out.to(torch::kFloat64) * ShardSequence(weight, 2, c.cp, rank).to(torch::kFloat64))
+            .sum()
+            .backward();
+        const CpShard range = ShardRange(c.t, c.cp, rank);
+        double e = MaxAbsDiff(out.narrow(2, 0, range.length),
+                              ref_out.detach().narrow(2, range.begin, range.length));
+        for (size_t i = 0; i < ref.size(); ++i) {
+          if (ref[i].numel() == 0) continue;
+          e = std::max(e, MaxAbsDiff(local[i].grad(),
+                                     ShardSequence(ref[i].grad(), i < 3 ? 2 : 3, c.cp, rank)));
+        }
+        errors[rank] = e;
+        return absl::OkStatus();
+      });
   ASSERT_TRUE(status.ok()) << status;
   const double worst = *std::max_element(errors.begin(), errors.end());
-  std::cout << "ring + local TTT diagonals (cp=2, T=9, S=2): max |error| " << worst << "\n";
-  EXPECT_LE(worst, 1e-5);
+  std::cout << c << ": max |error| " << worst << "\n";
+  EXPECT_LE(worst, c.dtype == torch::kBFloat16 ? 5e-2 : 1e-5) << c;
+}
+
+TEST(UlyssesAllToAllTest, RoundTripAndGradientAreExact) {
+  const int u = 2;
+  torch::manual_seed(11);
+  const torch::Tensor full = torch::randn({1, 4, 6, 3});
+  ASSERT_TRUE(
+      specstream::testing::RunOnRankThreads(u, [&](int rank,
+                                                   c10::intrusive_ptr<c10d::ProcessGroup> group) {
+        torch::Tensor x = ShardSequence(full, 2, u, rank).requires_grad_(true);
+        torch::Tensor heads = SequenceToHeads(x, *group);
+        // Rank r holds heads [2r, 2r+2) over the whole sequence.
+        EXPECT_TRUE(torch::equal(heads, full.narrow(1, 2 * rank, 2)));
+        EXPECT_TRUE(torch::equal(HeadsToSequence(heads, *group), x));
+        // d/dx sum(heads * c) = c, sharded back by sequence.
+        torch::Tensor c = torch::arange(heads.numel()).reshape(heads.sizes()).to(torch::kFloat32);
+        (heads * c).sum().backward();
+        EXPECT_TRUE(torch::equal(x.grad(), HeadsToSequence(c, *group)));
+        return absl::OkStatus();
+      }).ok());
+}
+
+TEST(CpLayoutTest, RankLayoutAndRefusals) {
+  // World 8 = DP 2 x CP 4, USP 2 x 2: rank 6 is dp 1, cp 2 = ring 1, ulysses 0.
+  const CpLayout layout{8, 4, 2, 6};
+  EXPECT_EQ(layout.dp_size(), 2);
+  EXPECT_EQ(layout.dp_rank(), 1);
+  EXPECT_EQ(layout.cp_rank(), 2);
+  EXPECT_EQ(layout.ring_size(), 2);
+  EXPECT_EQ(layout.ring_rank(), 1);
+  EXPECT_EQ(layout.ulysses_rank(), 0);
+  EXPECT_TRUE(ValidateCpLayout(layout, 8, 4).ok());
+  auto message = [](const absl::Status& s) { return std::string(s.message()); };
+  absl::Status world = ValidateCpLayout(CpLayout{6, 4, 1, 0}, 8, 4);
+  EXPECT_EQ(world.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(message(world).find("parallel.cp_size 4 does not divide the world of 6"),
+            std::string::npos)
+      << world;
+  absl::Status heads = ValidateCpLayout(CpLayout{4, 4, 4, 0}, 8, 2);
+  EXPECT_NE(
+      message(heads).find("parallel.ulysses_degree 4 must divide the draft's attention heads"),
+      std::string::npos)
+      << heads;
+  EXPECT_FALSE(ValidateCpLayout(CpLayout{4, 4, 3, 0}, 12, 6).ok());
 }
 
 TEST(RingCausalAttentionShapeTest, RefusesMismatchedHeads) {

@@ -1,6 +1,7 @@
 #include "student/trainer.h"
 
 #include <filesystem>
+#include <iostream>
 #include <set>
 
 #include "common/torch/process_group.h"
@@ -122,6 +123,152 @@ TEST_P(TrainerDdpTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
   // Metrics are global: the same on both layouts.
   EXPECT_NEAR(ranks[0]->history().back().loss, (*single)->history().back().loss, 1e-5);
   EXPECT_EQ(ranks[0]->history().back().positions, (*single)->history().back().positions);
+}
+
+// ---------------------------------------------------------------------------
+// Context parallelism: world = DP x CP trainer ranks (threads) against one
+// rank with the DP groups' batches together. The draft gets 8 query / 4
+// key-value heads so that Ulysses can split them four ways.
+
+struct CpCase {
+  int world, cp, ulysses;
+  int64_t max_length;  // 0: the samples' own lengths (12-31, odd maxima)
+  const char* name;
+};
+
+std::ostream& operator<<(std::ostream& os, const CpCase& c) { return os << c.name; }
+
+class TrainerCpTest : public TrainerTest, public ::testing::WithParamInterface<CpCase> {
+ public:
+  // The configuration of one rank of the case's world, or of the single
+  // reference rank that takes all DP groups' samples at once.
+  static TrainerConfig CpConfig(const CpCase& c, bool reference) {
+    TrainerConfig config = Config();
+    config.num_attention_heads = 8;
+    config.num_key_value_heads = 4;
+    config.head_dim = 8;
+    config.max_length = c.max_length;
+    config.batch_size = reference ? 4 : 4 / (c.world / c.cp);
+    config.cp_size = reference ? 1 : c.cp;
+    config.ulysses_degree = reference ? 1 : c.ulysses;
+    return config;
+  }
+
+  // Runs `steps` on every rank of a DP x CP world; returns the trainers.
+  static absl::Status RunWorld(const CpCase& c, const TrainerConfig& config, int64_t steps,
+                               std::vector<std::unique_ptr<Trainer>>& ranks) {
+    ranks.resize(c.world);
+    return specstream::testing::RunOnRankHandles(
+        c.world, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
+          auto trainer = Trainer::Create(config, rank, c.world, handle.group, handle.store);
+          if (!trainer.ok()) return trainer.status();
+          absl::Status run = (*trainer)->RunSteps(steps);
+          ranks[rank] = std::move(*trainer);
+          return run;
+        });
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, TrainerCpTest,
+    ::testing::Values(CpCase{2, 2, 1, 0, "ring_cp2"}, CpCase{2, 2, 2, 0, "ulysses_cp2"},
+                      CpCase{4, 4, 1, 0, "ring_cp4"}, CpCase{4, 4, 4, 0, "ulysses_cp4"},
+                      CpCase{4, 4, 2, 0, "usp_cp4_ulysses2"}, CpCase{4, 2, 1, 0, "dp2_ring_cp2"},
+                      CpCase{4, 4, 2, 6, "usp_cp4_T6_empty_last_shard"},
+                      CpCase{4, 4, 1, 6, "ring_cp4_T6_empty_last_shard"}),
+    [](const ::testing::TestParamInfo<CpCase>& info) { return std::string(info.param.name); });
+
+// One step on the same batch: loss, acc_k and every parameter gradient (the
+// all-reduced gradient each rank holds after the step) within 1e-5 relative
+// of CP = 1.
+TEST_P(TrainerCpTest, OneStepMatchesCp1) {
+  const CpCase c = GetParam();
+  TrainerConfig reference_config = CpConfig(c, true);
+  reference_config.grad_clip = 0;  // keep the raw gradients for comparison
+  auto reference = Trainer::Create(reference_config, 0, 1, {});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_TRUE((*reference)->RunSteps(1).ok());
+
+  TrainerConfig config = CpConfig(c, false);
+  config.grad_clip = 0;
+  std::vector<std::unique_ptr<Trainer>> ranks;
+  const absl::Status status = RunWorld(c, config, 1, ranks);
+  ASSERT_TRUE(status.ok()) << status;
+
+  const StepMetrics& want = (*reference)->history().back();
+  ASSERT_GT(want.positions, 0);
+  double worst = 0;
+  for (const auto& trainer : ranks) {
+    const StepMetrics& got = trainer->history().back();
+    EXPECT_NEAR(got.loss, want.loss, 1e-5 * std::abs(want.loss)) << c;
+    EXPECT_EQ(got.positions, want.positions) << c;
+    EXPECT_EQ(got.tokens, want.tokens) << c;
+    for (size_t k = 0; k < want.acc_k.size(); ++k) {
+      EXPECT_NEAR(got.acc_k[k], want.acc_k[k], 1e-9) << c << " acc_" << k;
+      EXPECT_NEAR(got.loss_k[k], want.loss_k[k], 1e-5 * std::abs(want.loss_k[k]) + 1e-9)
+          << c << " loss_" << k;
+    }
+    const auto& params = trainer->draft().parameters();
+    const auto& ref_params = (*reference)->draft().parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& g = params[i].second.grad();
+      const torch::Tensor& ref_g = ref_params[i].second.grad();
+      const double scale = std::max(ref_g.abs().max().item<double>(), 1e-12);
+      const double relative = (g - ref_g).abs().max().item<double>() / scale;
+      worst = std::max(worst, relative);
+      EXPECT_LE(relative, 1e-5) << c << " gradient of " << params[i].first;
+    }
+  }
+  std::cout << c << ": loss " << want.loss << ", worst relative gradient difference " << worst
+            << "\n";
+}
+
+// 50 training steps (clipping, AdamW, the cosine schedule) at CP = 2 track
+// CP = 1.
+TEST_F(TrainerTest, FiftyStepsAtCp2TrackCp1) {
+  for (const CpCase& c : {CpCase{2, 2, 1, 0, "ring_cp2"}, CpCase{2, 2, 2, 0, "ulysses_cp2"}}) {
+    TrainerConfig reference_config = TrainerCpTest::CpConfig(c, true);
+    reference_config.max_steps = 50;
+    auto reference = Trainer::Create(reference_config, 0, 1, {});
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    ASSERT_TRUE((*reference)->RunSteps(50).ok());
+    TrainerConfig config = TrainerCpTest::CpConfig(c, false);
+    config.max_steps = 50;
+    std::vector<std::unique_ptr<Trainer>> ranks;
+    const absl::Status status = TrainerCpTest::RunWorld(c, config, 50, ranks);
+    ASSERT_TRUE(status.ok()) << status;
+    const double diff = MaxParameterDifference(*ranks[0], **reference);
+    std::cout << c << ": after 50 steps max |parameter difference| " << diff << ", loss "
+              << ranks[0]->history().back().loss << " vs " << (*reference)->history().back().loss
+              << "\n";
+    EXPECT_LE(diff, 1e-4) << c;
+    EXPECT_EQ(MaxParameterDifference(*ranks[0], *ranks[1]), 0.0) << c;
+  }
+}
+
+TEST_F(TrainerTest, ImpossibleCpLayoutsAreRefusedBeforeStart) {
+  TrainerConfig c = Config();
+  c.cp_size = 2;
+  // World 3 is not DP x 2.
+  absl::Status world =
+      specstream::testing::RunOnRankHandles(3, [&](int rank, const ProcessGroupHandle& handle) {
+        return Trainer::Create(c, rank, 3, handle.group, handle.store).status();
+      });
+  EXPECT_EQ(world.code(), absl::StatusCode::kInvalidArgument) << world;
+  EXPECT_NE(std::string(world.message()).find("parallel.cp_size 2 does not divide the world of 3"),
+            std::string::npos)
+      << world;
+  // The tiny target's 4 query / 2 key-value heads cannot be split 4 ways.
+  c.cp_size = 4;
+  c.ulysses_degree = 4;
+  absl::Status heads =
+      specstream::testing::RunOnRankHandles(4, [&](int rank, const ProcessGroupHandle& handle) {
+        return Trainer::Create(c, rank, 4, handle.group, handle.store).status();
+      });
+  EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument) << heads;
+  EXPECT_NE(std::string(heads.message()).find("parallel.ulysses_degree 4 must divide"),
+            std::string::npos)
+      << heads;
 }
 
 TEST_F(TrainerTest, TokenBudgetBatchesKeepEveryRankAndEpochInStep) {

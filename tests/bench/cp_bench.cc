@@ -1,0 +1,338 @@
+// Context-parallel memory: peak memory per rank of one draft training step at
+// 4k tokens for cp 1, 2, 4 (ring, Ulysses, USP), and the longest sequence
+// whose step fits a fixed per-rank memory budget for cp 1, 2, 4, the budget
+// set to 1.25 x the cp = 1 step at 2,048 tokens (so cp 1 fits about 2k).
+//
+// Every rank is its own child process (so VmHWM is its own): rank 0 hosts the
+// TCPStore on a free loopback port and publishes it through a file. A rank
+// reports its peak RSS (VmHWM) and its step memory: VmHWM minus the RSS it
+// had after setting up (model, store, groups), which is the part CP shards;
+// the set-up part (LibTorch, the frozen embeddings) is the same at every cp.
+//
+// Fails when the step memory at cp 2 exceeds 0.6 x cp 1 (4k tokens, ring), or
+// when the longest fitting length does not double from cp 1 to 2 to 4.
+//
+//   cp_bench [--ttt 3]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/offline_store.h"
+#include "common/torch/process_group.h"
+#include "common/torch/tensor_util.h"
+#include "student/trainer.h"
+#include "teacher/dump.h"
+#include "teacher/init_random.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kHidden = 256, kVocab = 8000, kLayers = 4;
+constexpr int64_t kDraftVocab = 4000, kHeads = 4, kHeadDim = 64, kIntermediate = 704;
+
+int64_t StatusKb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key));
+  }
+  return 0;
+}
+
+struct RankResult {
+  double peak_mib = 0;  // VmHWM
+  double step_mib = 0;  // VmHWM - RSS after set-up
+  double seconds = 0;
+};
+
+// Child: one rank of a cp-rank world training one step on the sample of
+// `length` tokens; prints "peak_mib step_mib seconds".
+int RunRank(const std::string& dir, int64_t length, int cp, int ulysses, int rank, int ttt) {
+  specstream::student::TrainerConfig c;
+  c.store = absl::StrCat(dir, "/store-", length);
+  c.target_dir = dir + "/target";
+  c.draft_vocab_size = kDraftVocab;
+  c.num_attention_heads = kHeads;
+  c.num_key_value_heads = kHeads;
+  c.head_dim = kHeadDim;
+  c.intermediate_size = kIntermediate;
+  c.max_steps = 1;
+  c.batch_size = 1;
+  c.ttt_steps = ttt;
+  c.dtype = torch::kBFloat16;
+  c.log_every = 0;
+  c.progress_terminal = 0;
+  c.cp_size = cp;
+  c.ulysses_degree = ulysses;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (cp > 1) {
+    const std::string port_file = absl::StrCat(dir, "/port-", length, "-", cp, "-", ulysses);
+    specstream::RendezvousOptions rendezvous;
+    rendezvous.timeout = std::chrono::seconds(120);
+    rendezvous.rank = rank;
+    rendezvous.world_size = cp;
+    // Rank 0 hosts the store on a free port and publishes the port before
+    // anyone (itself included) waits in the Gloo rendezvous.
+    c10::intrusive_ptr<c10d::Store> rank0_store;
+    if (rank == 0) {
+      int port = 0;
+      auto created = specstream::CreateTcpStore(rendezvous, &port);
+      if (!created.ok()) {
+        std::fprintf(stderr, "rank 0: %s\n", created.status().ToString().c_str());
+        return 1;
+      }
+      rank0_store = *created;
+      const std::string tmp = port_file + ".tmp";
+      std::ofstream(tmp) << port << "\n";
+      std::filesystem::rename(tmp, port_file);
+    } else {
+      const auto deadline = Clock::now() + std::chrono::seconds(60);
+      while (!std::filesystem::exists(port_file) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      std::ifstream in(port_file);
+      in >> rendezvous.master_port;
+    }
+    auto handle = specstream::CreateGlooGroup(rendezvous, rank0_store);
+    if (!handle.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, handle.status().ToString().c_str());
+      return 1;
+    }
+    group = handle->group;
+    store = handle->store;
+  }
+  auto trainer = specstream::student::Trainer::Create(c, rank, cp, group, store);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, trainer.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t base_kb = StatusKb("VmRSS:");
+  const auto start = Clock::now();
+  const absl::Status step = (*trainer)->RunSteps(1);
+  if (!step.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, step.ToString().c_str());
+    return 1;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const int64_t peak_kb = StatusKb("VmHWM:");
+  std::printf("%.1f %.1f %.3f\n", peak_kb / 1024.0, (peak_kb - base_kb) / 1024.0, seconds);
+  return 0;
+}
+
+// A store of one sample of `length` tokens with random hidden states.
+bool WriteStore(const std::string& path, int64_t length) {
+  specstream::teacher::ModelDescription model;
+  model.model_type = "llama";
+  model.hidden_size = kHidden;
+  model.vocab_size = kVocab;
+  model.num_layers = kLayers;
+  model.capture_layer_ids = {1, 2, 3};
+  auto writer = specstream::StoreWriter::Open(
+      path, specstream::teacher::DumpContract(model, true, specstream::DType::kBF16));
+  if (!writer.ok()) return false;
+  torch::manual_seed(length);
+  torch::Tensor ids = torch::randint(kVocab, {length}, torch::kInt32);
+  torch::Tensor mask = torch::ones({length}, torch::kUInt8);
+  torch::Tensor aux = torch::randn({length, 3 * kHidden}).to(torch::kBFloat16);
+  torch::Tensor last = torch::randn({length, kHidden}).to(torch::kBFloat16);
+  torch::Tensor target = torch::randint(kVocab, {length}, torch::kInt32);
+  if (!(*writer)
+           ->Add(0, {specstream::ViewOf("input_ids", ids), specstream::ViewOf("loss_mask", mask),
+                     specstream::ViewOf("aux_hidden", aux), specstream::ViewOf("last_hidden", last),
+                     specstream::ViewOf("target_ids", target)})
+           .ok()) {
+    return false;
+  }
+  return (*writer)->Finish().ok();
+}
+
+std::string SelfExe() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return std::string(self, n > 0 ? n : 0);
+}
+
+// Runs the cp ranks of one configuration as child processes; the result of
+// each rank, or an empty vector on failure.
+std::vector<RankResult> RunWorld(const std::string& dir, int64_t length, int cp, int ulysses,
+                                 int ttt) {
+  std::filesystem::remove(absl::StrCat(dir, "/port-", length, "-", cp, "-", ulysses));
+  std::vector<FILE*> pipes;
+  for (int rank = 0; rank < cp; ++rank) {
+    const std::string command =
+        absl::StrCat(SelfExe(), " --child-dir ", dir, " --length ", length, " --cp ", cp,
+                     " --ulysses ", ulysses, " --rank ", rank, " --ttt ", ttt);
+    pipes.push_back(popen(command.c_str(), "r"));
+  }
+  std::vector<RankResult> results(cp);
+  bool ok = true;
+  for (int rank = 0; rank < cp; ++rank) {
+    RankResult& r = results[rank];
+    if (pipes[rank] == nullptr ||
+        std::fscanf(pipes[rank], "%lf %lf %lf", &r.peak_mib, &r.step_mib, &r.seconds) != 3) {
+      ok = false;
+    }
+    if (pipes[rank] != nullptr && pclose(pipes[rank]) != 0) ok = false;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "cp_bench: %ld tokens at cp %d (ulysses %d) failed\n",
+                 static_cast<long>(length), cp, ulysses);
+    return {};
+  }
+  return results;
+}
+
+// The largest over ranks (the budget binds the fullest rank).
+RankResult Worst(const std::vector<RankResult>& ranks) {
+  RankResult worst;
+  for (const RankResult& r : ranks) {
+    worst.peak_mib = std::max(worst.peak_mib, r.peak_mib);
+    worst.step_mib = std::max(worst.step_mib, r.step_mib);
+    worst.seconds = std::max(worst.seconds, r.seconds);
+  }
+  return worst;
+}
+
+const char* ModeName(int cp, int ulysses) {
+  if (cp == 1) return "-";
+  if (ulysses == 1) return "ring";
+  return ulysses == cp ? "ulysses" : "usp";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string child_dir;
+  int64_t length = 0;
+  int cp = 1, ulysses = 1, rank = 0, ttt = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--child-dir") child_dir = value;
+    if (flag == "--length") length = std::atoll(value.c_str());
+    if (flag == "--cp") cp = std::atoi(value.c_str());
+    if (flag == "--ulysses") ulysses = std::atoi(value.c_str());
+    if (flag == "--rank") rank = std::atoi(value.c_str());
+    if (flag == "--ttt") ttt = std::atoi(value.c_str());
+  }
+  specstream::LoggingOptions logging;
+  logging.role = "bench";
+  logging.level = "warn";
+  specstream::InitLogging(logging);
+  if (!child_dir.empty()) return RunRank(child_dir, length, cp, ulysses, rank, ttt);
+
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("specstream-cp-bench-", getpid()))
+          .string();
+  std::filesystem::remove_all(dir);
+  specstream::teacher::InitRandomOptions init;
+  init.arch = "llama";
+  init.layers = kLayers;
+  init.hidden = kHidden;
+  init.heads = kHeads;
+  init.kv_heads = kHeads;
+  init.intermediate = 64;  // the target's MLPs are never run here
+  init.vocab = kVocab;
+  init.max_position = 32768;
+  init.out = dir + "/target";
+  if (!specstream::teacher::WriteRandomCheckpoint(init).ok()) return 1;
+  const std::vector<int64_t> lengths = {2048, 4096, 8192, 16384};
+  for (int64_t l : lengths) {
+    if (!WriteStore(absl::StrCat(dir, "/store-", l), l)) return 1;
+  }
+  std::printf(
+      "cp_bench: draft hidden %ld (%ld heads of %ld), MLP %ld, draft vocab %ld, K=%d, bf16; "
+      "one training step per run, every rank its own process\n",
+      static_cast<long>(kHidden), static_cast<long>(kHeads), static_cast<long>(kHeadDim),
+      static_cast<long>(kIntermediate), static_cast<long>(kDraftVocab), ttt);
+
+  // (length, cp, ulysses) -> worst rank, each measured once.
+  std::map<std::tuple<int64_t, int, int>, RankResult> measured;
+  auto measure = [&](int64_t l, int c, int u) -> const RankResult* {
+    auto key = std::make_tuple(l, c, u);
+    auto it = measured.find(key);
+    if (it != measured.end()) return &it->second;
+    std::vector<RankResult> ranks = RunWorld(dir, l, c, u, ttt);
+    if (ranks.empty()) return nullptr;
+    return &(measured[key] = Worst(ranks));
+  };
+
+  // Table 1: 4k tokens.
+  struct Layout {
+    int cp, ulysses;
+  };
+  const std::vector<Layout> layouts = {{1, 1}, {2, 1}, {2, 2}, {4, 1}, {4, 4}, {4, 2}};
+  std::printf("\nPeak memory per rank, 4096 tokens (worst rank):\n");
+  std::printf("%4s %8s %14s %14s %10s %12s\n", "cp", "mode", "peak RSS MiB", "step MiB", "vs cp 1",
+              "step s");
+  double cp1_step = 0, cp2_ring_step = 0;
+  for (const Layout& layout : layouts) {
+    const RankResult* r = measure(4096, layout.cp, layout.ulysses);
+    if (r == nullptr) return 1;
+    if (layout.cp == 1) cp1_step = r->step_mib;
+    if (layout.cp == 2 && layout.ulysses == 1) cp2_ring_step = r->step_mib;
+    std::printf("%4d %8s %14.0f %14.0f %10.2f %12.2f\n", layout.cp,
+                ModeName(layout.cp, layout.ulysses), r->peak_mib, r->step_mib,
+                r->step_mib / std::max(cp1_step, 1.0), r->seconds);
+  }
+
+  // Table 2: the longest length under the budget.
+  const RankResult* base = measure(2048, 1, 1);
+  if (base == nullptr) return 1;
+  const double budget = 1.25 * base->step_mib;
+  std::printf(
+      "\nLongest sequence whose step fits %.0f MiB of step memory per rank "
+      "(1.25 x cp 1 at 2048 tokens):\n",
+      budget);
+  std::printf("%4s %8s %10s %20s\n", "cp", "mode", "longest", "step MiB at longest");
+  std::map<int, int64_t> longest_ring;
+  bool doubling = true;
+  for (const Layout& layout : std::vector<Layout>{{1, 1}, {2, 1}, {4, 1}, {2, 2}, {4, 4}}) {
+    int64_t longest = 0;
+    double at_longest = 0;
+    for (int64_t l : lengths) {
+      const RankResult* r = measure(l, layout.cp, layout.ulysses);
+      if (r == nullptr) return 1;
+      if (r->step_mib > budget) break;
+      longest = l;
+      at_longest = r->step_mib;
+    }
+    std::printf("%4d %8s %10ld %20.0f\n", layout.cp, ModeName(layout.cp, layout.ulysses),
+                static_cast<long>(longest), at_longest);
+    if (layout.ulysses == 1) {
+      longest_ring[layout.cp] = longest;
+      if (layout.cp > 1 && longest < 2 * longest_ring[layout.cp / 2]) doubling = false;
+    }
+  }
+  std::filesystem::remove_all(dir);
+
+  const double ratio = cp2_ring_step / std::max(cp1_step, 1.0);
+  std::printf(
+      "\ncp_bench: step memory at cp 2 (ring) = %.2f x cp 1 (goal <= 0.6); longest "
+      "ring lengths %ld / %ld / %ld at cp 1 / 2 / 4\n",
+      ratio, static_cast<long>(longest_ring[1]), static_cast<long>(longest_ring[2]),
+      static_cast<long>(longest_ring[4]));
+  if (ratio > 0.6) {
+    std::printf("cp_bench: FAIL cp 2 step memory above 0.6 x cp 1\n");
+    return 1;
+  }
+  if (!doubling) {
+    std::printf("cp_bench: FAIL the longest length does not double with cp\n");
+    return 1;
+  }
+  std::printf("cp_bench: OK\n");
+  return 0;
+}
