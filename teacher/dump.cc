@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "common/torch/tensor_util.h"
+#include "teacher/sample_tensors.h"
 
 namespace specstream::teacher {
 namespace {
@@ -35,36 +36,25 @@ int64_t CountRecords(const std::string& path) {
 
 nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids,
                             DType store_dtype) {
-  std::vector<StoreTensorSpec> specs = {
-      {"input_ids", DType::kI32, {}},
-      {"loss_mask", DType::kU8, {}},
-      {"aux_hidden",
-       store_dtype,
-       {static_cast<int64_t>(model.capture_layer_ids.size()) * model.hidden_size}},
-      {"last_hidden", store_dtype, {model.hidden_size}},
-  };
-  if (keep_target_ids) specs.push_back({"target_ids", DType::kI32, {}});
+  SampleTensorsOptions tensors;
+  tensors.hidden_dtype = store_dtype;
+  tensors.keep_target_ids = keep_target_ids;
   return nlohmann::json{{"model",
                          {{"model_type", model.model_type},
                           {"hidden_size", model.hidden_size},
                           {"vocab_size", model.vocab_size},
                           {"num_layers", model.num_layers},
                           {"capture_layer_ids", model.capture_layer_ids}}},
-                        {"tensors", StoreTensorsContract(specs)}};
+                        {"tensors", StoreTensorsContract(SampleTensorSpecs(model, tensors))}};
 }
 
 absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& options) {
   if (options.out.empty()) return absl::InvalidArgumentError("--out is required");
   if (options.batch_tokens < 1) return absl::InvalidArgumentError("--batch-tokens must be >= 1");
-  DType store_dtype;
-  if (options.store_dtype == "bfloat16") {
-    store_dtype = DType::kBF16;
-  } else if (options.store_dtype == "float32") {
-    store_dtype = DType::kF32;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--store-dtype \"", options.store_dtype, "\" (expected bfloat16 or float32)"));
-  }
+  ASSIGN_OR_RETURN(DType store_dtype, ParseHiddenDType("--store-dtype", options.store_dtype));
+  SampleTensorsOptions tensor_options;
+  tensor_options.hidden_dtype = store_dtype;
+  tensor_options.keep_target_ids = options.keep_target_ids;
   const ModelDescription& model = runtime.Describe();
 
   std::unique_ptr<Tokenizer> tokenizer;
@@ -116,19 +106,10 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
     for (size_t i = 0; i < batch.size(); ++i) {
       const TokenizedSample& s = batch[i].sample;
       const int64_t t = static_cast<int64_t>(s.input_ids.size());
-      torch::Tensor ids =
-          torch::from_blob(const_cast<int32_t*>(s.input_ids.data()), {t}, torch::kInt32);
-      torch::Tensor mask =
-          torch::from_blob(const_cast<uint8_t*>(s.loss_mask.data()), {t}, torch::kUInt8);
-      torch::Tensor aux = captures[i].aux_hidden.to(ToTorchDtype(store_dtype)).contiguous();
-      torch::Tensor last = captures[i].last_hidden.to(ToTorchDtype(store_dtype)).contiguous();
-      std::vector<TensorView> views = {ViewOf("input_ids", ids), ViewOf("loss_mask", mask),
-                                       ViewOf("aux_hidden", aux), ViewOf("last_hidden", last)};
-      torch::Tensor target;
-      if (options.keep_target_ids) {
-        target = captures[i].target_ids.contiguous();
-        views.push_back(ViewOf("target_ids", target));
-      }
+      ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors,
+                       SampleTensors(s.input_ids, s.loss_mask, captures[i], tensor_options, 0, t));
+      std::vector<TensorView> views;
+      for (const NamedTensor& tensor : tensors) views.push_back(ViewOf(tensor.name, tensor.tensor));
       RETURN_IF_ERROR(
           Annotate(writer->Add(batch[i].id, views), absl::StrCat("sample ", batch[i].id)));
       ++summary.samples_written;

@@ -27,7 +27,7 @@ struct DumpOptions {
   int64_t batch_tokens = 8192;  // padded tokens per forward
   int64_t max_length = 0;       // truncate; 0: the model's max positions
   bool keep_target_ids = false;
-  std::string store_dtype = "bfloat16";  // aux/last hidden: bfloat16 | float32
+  std::string store_dtype = "bfloat16";  // aux/last hidden: bfloat16 | float32 | float16
   StoreWriterOptions store;
   int progress_terminal = -1;  // see ProgressOptions::terminal
 };

@@ -2,21 +2,29 @@
 //   init-random  write a random checkpoint in HF layout (tests, demo)
 //   forward      run one sequence and print each capture's shape and checksum
 //   dump         write the offline store for a dataset
+//   serve        answer TeacherService streams (gRPC) until SIGTERM/SIGINT
 //   tp-worker    (internal) one tensor-parallel rank, started by the others
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/file.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "teacher/dump.h"
 #include "teacher/init_random.h"
+#include "teacher/teacher_service.h"
 #include "teacher/tp_launcher.h"
 
 namespace {
@@ -115,6 +123,70 @@ absl::Status RunForward(const RuntimeFlags& flags, const std::string& ids_text) 
   return launched->Shutdown();
 }
 
+// `serve`: SIGTERM and SIGINT are turned into one byte on this pipe (the only
+// async-signal-safe thing the handler does); RunServe waits on it.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnShutdownSignal(int signal_number) {
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  const int saved_errno = errno;
+  if (write(g_signal_pipe[1], &byte, 1) < 0) {
+    // Nothing to do: the pipe holds earlier signals, which suffice.
+  }
+  errno = saved_errno;
+}
+
+struct ServeFlags {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string port_file;
+  std::string payload_dtype = "bfloat16";
+  bool keep_target_ids = false;
+  int64_t max_tokens = 0;
+  int64_t batch_tokens = 8192;
+  int64_t chunk_kib = 1024;
+  double shutdown_timeout_s = 30;
+};
+
+absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
+  if (serve.shutdown_timeout_s < 0) {
+    return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
+  }
+  // Handlers first, so a signal that arrives while the model loads still
+  // ends in an orderly shutdown once it has loaded.
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", "serve");
+  struct sigaction action {};
+  action.sa_handler = OnShutdownSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+
+  ASSIGN_OR_RETURN(auto launched, flags.Launch());
+  TeacherServerOptions options;
+  options.host = serve.host;
+  options.port = serve.port;
+  options.service.payload_dtype = serve.payload_dtype;
+  options.service.keep_target_ids = serve.keep_target_ids;
+  options.service.max_tokens = serve.max_tokens;
+  options.service.max_batch_tokens = serve.batch_tokens;
+  options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
+  ASSIGN_OR_RETURN(auto server, TeacherServer::Start(launched->runtime(), options));
+  std::cout << "listening on " << server->address() << std::endl;
+  if (!serve.port_file.empty()) {
+    RETURN_IF_ERROR(WriteFileAtomically(serve.port_file, absl::StrCat(server->port(), "\n")));
+  }
+
+  unsigned char signal_number = 0;
+  while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
+  }
+  SS_LOG_INFO("serve: {} received; draining streams (deadline {} s)", strsignal(signal_number),
+              serve.shutdown_timeout_s);
+  server->Shutdown(absl::Seconds(serve.shutdown_timeout_s));
+  server.reset();
+  return launched->Shutdown();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,7 +234,8 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--max-length", dump.max_length, "Truncate samples (0: model max)");
   dump_cmd->add_flag("--keep-target-ids", dump.keep_target_ids,
                      "Store the full-vocab argmax per position");
-  dump_cmd->add_option("--store-dtype", dump.store_dtype, "bfloat16 | float32 hidden states");
+  dump_cmd->add_option("--store-dtype", dump.store_dtype,
+                       "bfloat16 | float32 | float16 hidden states");
   dump_cmd->add_option("--shard-mib", dump.store.max_shard_bytes, "Shard size in MiB")
       ->transform([](std::string value) {
         int64_t mib = 0;
@@ -172,6 +245,26 @@ int main(int argc, char** argv) {
       });
   dump_cmd->add_option("--shard-samples", dump.store.max_shard_samples,
                        "Samples per shard (0: by size only)");
+
+  RuntimeFlags serve_flags;
+  ServeFlags serve;
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve", "Serve TeacherService (gRPC) until SIGTERM/SIGINT, then drain and exit 0");
+  serve_flags.Add(serve_cmd);
+  serve_cmd->add_option("--host", serve.host, "Listening address (default 127.0.0.1)");
+  serve_cmd->add_option("--port", serve.port, "Listening port; 0 picks a free one")->required();
+  serve_cmd->add_option("--port-file", serve.port_file,
+                        "Write the port (decimal, one line) here once listening, atomically");
+  serve_cmd->add_option("--payload-dtype", serve.payload_dtype,
+                        "bfloat16 | float32 | float16 hidden states (as dump --store-dtype)");
+  serve_cmd->add_flag("--keep-target-ids", serve.keep_target_ids,
+                      "Send the full-vocab argmax per position");
+  serve_cmd->add_option("--max-tokens", serve.max_tokens,
+                        "Longest sample accepted (0: the model's max positions)");
+  serve_cmd->add_option("--batch-tokens", serve.batch_tokens, "Padded tokens per forward");
+  serve_cmd->add_option("--chunk-kib", serve.chunk_kib, "Payload chunk size in KiB");
+  serve_cmd->add_option("--shutdown-timeout", serve.shutdown_timeout_s,
+                        "Seconds to finish in-flight samples after SIGTERM/SIGINT");
 
   WorkerOptions worker;
   std::string worker_capture;
@@ -210,6 +303,7 @@ int main(int argc, char** argv) {
     if (!summary.ok()) return ExitCode(summary.status());
     return ExitCode(shutdown);
   }
+  if (*serve_cmd) return ExitCode(RunServe(serve_flags, serve));
   if (*worker_cmd) {
     auto capture = ParseIntList("--capture-layers", worker_capture);
     if (!capture.ok()) return ExitCode(capture.status());

@@ -183,6 +183,10 @@ LaunchedRuntime::~LaunchedRuntime() {
 absl::Status RunTpWorker(const WorkerOptions& o) {
   // A worker never outlives its leader (e.g. a leader killed with -9).
   prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // Ctrl-C reaches the whole process group; only the leader acts on it (a
+  // serving leader drains in-flight samples, which needs its followers), and
+  // it stops the workers itself.
+  signal(SIGINT, SIG_IGN);
   RendezvousOptions rendezvous;
   rendezvous.rank = o.rank;
   rendezvous.world_size = o.world_size;

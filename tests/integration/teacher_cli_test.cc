@@ -1,14 +1,27 @@
-// specstream-teacher as a user runs it: init-random, forward and dump, with
-// tensor parallelism across worker processes (--devices cpu,cpu).
+// specstream-teacher as a user runs it: init-random, forward, dump and serve,
+// with tensor parallelism across worker processes (--devices cpu,cpu).
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <thread>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/offline_store.h"
+#include "common/payload.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "specstream/v1/teacher.grpc.pb.h"
 #include "tests/testing/testing.h"
+
+extern char** environ;
 
 namespace specstream {
 namespace {
@@ -113,6 +126,124 @@ TEST_F(TeacherCliTest, ImpossibleLayoutsAndBadInputFailFastWithReasons) {
                 dir_.Join("x")),
             2);
   EXPECT_NE(Stderr().find("--arch"), std::string::npos) << Stderr();
+}
+
+// `serve` with two TP ranks: port 0 written to --port-file, Describe, one
+// sample streamed inline, then SIGTERM with the stream still open: the
+// stream ends UNAVAILABLE (drained) and the process exits 0 well within the
+// shutdown deadline, its worker reaped.
+TEST_F(TeacherCliTest, ServeStreamsSamplesAndExitsCleanlyOnSigterm) {
+  InitModel();
+  const std::string port_file = dir_.Join("port");
+  const std::string command =
+      absl::StrCat("exec ", SPECSTREAM_TEACHER_PATH, " serve --model ", dir_.Join("model"),
+                   " --devices cpu,cpu --dtype float32 --port 0 --port-file ", port_file,
+                   " --payload-dtype float32 --keep-target-ids --max-tokens 256",
+                   " --shutdown-timeout 30 >", dir_.Join("stdout"), " 2>", dir_.Join("stderr"));
+  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  auto exited = [&](std::chrono::seconds timeout, int* wstatus) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(pid, wstatus, WNOHANG) == pid) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  struct Reaper {  // a failed assertion never leaves the server running
+    pid_t pid;
+    bool reaped = false;
+    ~Reaper() {
+      if (!reaped) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } reaper{pid};
+
+  int wstatus = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!testing::FileExists(port_file)) {
+    if (waitpid(pid, &wstatus, WNOHANG) == pid) {
+      reaper.reaped = true;
+      FAIL() << "serve exited (" << wstatus << "): " << Stderr();
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no port file: " << Stderr();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripSuffix(testing::ReadFile(port_file), "\n"), &port));
+  ASSERT_GT(port, 0);
+  EXPECT_NE(Stdout().find(absl::StrCat("listening on 127.0.0.1:", port)), std::string::npos)
+      << Stdout();
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::TeacherService::NewStub(channel);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::DescribeResponse d;
+    grpc::Status status = stub->Describe(&context, v1::DescribeRequest(), &d);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(d.model_type(), "qwen2");
+    EXPECT_EQ(d.hidden_size(), 64);
+    EXPECT_EQ(d.vocab_size(), 512);
+    EXPECT_EQ(d.dtype(), v1::DTYPE_F32);
+    EXPECT_EQ(d.max_tokens(), 256);
+  }
+
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->StreamHiddenStates(context.get());
+  v1::StreamRequest request;
+  request.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+  ASSERT_TRUE(stream->Write(request));
+  request.mutable_credit()->set_n(1);
+  ASSERT_TRUE(stream->Write(request));
+  v1::StreamRequest::SampleRequest* sample = request.mutable_sample();
+  sample->set_request_id(1);
+  sample->set_sample_id(42);
+  for (int id : {1, 5, 9, 200, 17, 33, 2, 511}) sample->add_token_ids(id);
+  ASSERT_TRUE(stream->Write(request));
+  v1::StreamResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_TRUE(response.has_opened()) << response.DebugString();
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_TRUE(response.has_header()) << response.DebugString();
+  const v1::TensorContract contract = response.header().contract();
+  EXPECT_EQ(response.header().sample_id(), 42);
+  ASSERT_EQ(contract.tensors_size(), 5);  // with target_ids
+  EXPECT_EQ(contract.tensors(2).name(), "aux_hidden");
+  EXPECT_EQ(contract.tensors(2).shape(1), 3 * 64);
+  std::string payload;
+  while (payload.size() < contract.payload_bytes()) {
+    ASSERT_TRUE(stream->Read(&response));
+    ASSERT_TRUE(response.has_chunk()) << response.DebugString();
+    payload += response.chunk().data();
+  }
+  EXPECT_TRUE(VerifyPayload(contract, payload).ok());
+
+  const auto signalled = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_FALSE(stream->Read(&response));
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  // The server's shutdown completes once its connections close; an idle
+  // synchronous client would notice the GOAWAY only at its next backup poll.
+  stream.reset();
+  context.reset();  // holds the channel too
+  stub.reset();
+  channel.reset();
+  reaper.reaped = exited(std::chrono::seconds(40), &wstatus);
+  ASSERT_TRUE(reaper.reaped) << "serve did not exit after SIGTERM: " << Stderr();
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(30));
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus << " " << Stderr();
+  EXPECT_NE(Stderr().find("shut down (1 stream(s), 1 sample(s) sent"), std::string::npos)
+      << Stderr();
 }
 
 }  // namespace
