@@ -78,6 +78,27 @@ absl::StatusOr<TrainingSample> StoreSource::GetRows(int64_t index, const RowRang
   return sample;
 }
 
+absl::Status StoreSource::TokenIds(int64_t index, std::vector<int32_t>* ids,
+                                   std::vector<uint8_t>* mask) {
+  if (index < 0 || index >= size()) {
+    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " of ", size()));
+  }
+  const int64_t id = reader_->sample_ids()[index];
+  ASSIGN_OR_RETURN(std::vector<TensorView> views, reader_->Get(id));
+  return CatchTorch(absl::StrCat("sample ", id), [&] {
+    for (const TensorView& v : views) {
+      if (v.name == "input_ids") {
+        torch::Tensor t = BorrowView(v).to(torch::kInt32).contiguous();
+        ids->assign(t.data_ptr<int32_t>(), t.data_ptr<int32_t>() + t.numel());
+      }
+      if (v.name == "loss_mask") {
+        torch::Tensor t = BorrowView(v).to(torch::kUInt8).contiguous();
+        mask->assign(t.data_ptr<uint8_t>(), t.data_ptr<uint8_t>() + t.numel());
+      }
+    }
+  });
+}
+
 DraftBatch Collate(const std::vector<TrainingSample>& samples, int64_t max_length) {
   int64_t t = 0;
   for (const TrainingSample& s : samples) {

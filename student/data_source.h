@@ -56,6 +56,25 @@ class SampleSource {
   virtual const nlohmann::json& contract() const = 0;
   // Token count of the index-th sample, without reading its tensors.
   virtual int64_t Length(int64_t index) const = 0;
+  // Whether samples carry the teacher's full-vocab argmax (target_ids).
+  virtual bool has_target_ids() const = 0;
+  // The index-th sample's token ids and loss mask only (cheap: no hidden
+  // states are read or computed).
+  virtual absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,
+                                std::vector<uint8_t>* mask) = 0;
+  // A hint: these samples (these rows of each) will be read soon. Sources
+  // that compute samples start on them now; a store ignores it.
+  virtual void Prefetch(const std::vector<int64_t>& indices, const RowRange& rows) {}
+  // The most samples the reader holds at once, delivered or requested but
+  // not yet committed (e.g. this batch and the next). A source whose
+  // producers bound what is outstanding must allow at least this many per
+  // producer, or a failover onto one producer could wait forever.
+  virtual void ReserveOutstanding(int64_t samples) {}
+  // The optimizer step `step` (1-based) that used these samples has
+  // completed: they count as trained.
+  virtual absl::Status Commit(int64_t step, const std::vector<int64_t>& indices) {
+    return absl::OkStatus();
+  }
 };
 
 class StoreSource final : public SampleSource {
@@ -66,7 +85,9 @@ class StoreSource final : public SampleSource {
   absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override;
   const nlohmann::json& contract() const override { return reader_->contract(); }
   int64_t Length(int64_t index) const override { return lengths_[index]; }
-  bool has_target_ids() const { return has_target_ids_; }
+  bool has_target_ids() const override { return has_target_ids_; }
+  absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,
+                        std::vector<uint8_t>* mask) override;
   const StoreReader& reader() const { return *reader_; }
 
  private:

@@ -150,7 +150,24 @@ absl::Status ExactlyOne(int64_t a, absl::string_view a_name, int64_t b, absl::st
 }
 
 absl::Status ValidateData(v1::DataSpec& data) {
-  if (data.store().empty()) return FieldError("data.store", "required (offline store directory)");
+  if (data.store().empty() == data.teachers().empty()) {
+    return FieldError("data.store",
+                      "set exactly one of data.store (offline) and data.teachers (online)");
+  }
+  if (!data.teachers().empty() && data.tokenized().empty()) {
+    return FieldError("data.tokenized", "required with data.teachers (pre-tokenized JSONL)");
+  }
+  if (data.teachers().empty() && !data.tokenized().empty()) {
+    return FieldError("data.tokenized", "only used with data.teachers");
+  }
+  for (int i = 0; i < data.teachers_size(); ++i) {
+    if (data.teachers(i).find(':') == std::string::npos) {
+      return FieldError(absl::StrCat("data.teachers[", i, "]"),
+                        absl::StrCat("\"", data.teachers(i), "\" is not host:port"));
+    }
+  }
+  RETURN_IF_ERROR(RequireNonNegative(data.in_flight(), "data.in_flight"));
+  if (data.in_flight() == 0) data.set_in_flight(8);
   return RequireNonNegative(data.max_length(), "data.max_length");
 }
 

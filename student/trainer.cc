@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +20,7 @@
 #include "common/torch/tensor_util.h"
 #include "student/checkpoint.h"
 #include "student/export.h"
+#include "student/online_source.h"
 #include "student/sampler.h"
 #include "student/student_commands.h"
 #include "student/tensorboard.h"
@@ -27,15 +30,14 @@ namespace {
 
 // Builds the vocab map from the masked tokens of every sample in the store
 // (deterministic, so every rank builds the same one).
-absl::StatusOr<VocabMap> BuildMapFromStore(StoreSource& source, int64_t target_vocab,
-                                           int64_t draft_vocab) {
+absl::StatusOr<VocabMap> BuildMapFromSource(SampleSource& source, int64_t target_vocab,
+                                            int64_t draft_vocab) {
   TokenCounter counter(target_vocab);
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
   for (int64_t i = 0; i < source.size(); ++i) {
-    ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
-    torch::Tensor ids = s.input_ids.to(torch::kInt32).contiguous();
-    torch::Tensor mask = s.loss_mask.contiguous();
-    RETURN_IF_ERROR(counter.Add(absl::MakeConstSpan(ids.data_ptr<int32_t>(), ids.numel()),
-                                absl::MakeConstSpan(mask.data_ptr<uint8_t>(), mask.numel())));
+    RETURN_IF_ERROR(source.TokenIds(i, &ids, &mask));
+    RETURN_IF_ERROR(counter.Add(ids, mask));
   }
   return BuildVocabMap(counter, draft_vocab);
 }
@@ -46,6 +48,10 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   TrainerConfig c;
   c.store = spec.data().store();
   c.max_length = spec.data().max_length();
+  c.tokenized = spec.data().tokenized();
+  c.teachers.assign(spec.data().teachers().begin(), spec.data().teachers().end());
+  c.in_flight = spec.data().in_flight() > 0 ? spec.data().in_flight() : 8;
+  c.ledger_dir = spec.data().ledger_dir();
   c.target_dir = spec.model().target();
   const auto& draft = spec.model().draft();
   c.vocab_map = draft.vocab_map();
@@ -149,13 +155,30 @@ absl::Status Trainer::Init() {
         "set exactly one of training.batch_size and training.batch_tokens");
   }
   ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
-  ASSIGN_OR_RETURN(source_, StoreSource::Open(c.store));
-  // The store must come from this target: same family, sizes and vocab.
+  std::string source_name;
+  if (!c.teachers.empty()) {
+    OnlineSourceOptions online;
+    online.data = c.tokenized;
+    online.teachers = c.teachers;
+    online.rank = rank_;
+    online.in_flight = c.in_flight;
+    if (!c.ledger_dir.empty()) {
+      std::error_code error;
+      std::filesystem::create_directories(c.ledger_dir, error);
+      online.ledger = absl::StrCat(c.ledger_dir, "/ledger-rank", rank_, ".jsonl");
+    }
+    ASSIGN_OR_RETURN(source_, OnlineSource::Open(online));
+    source_name = absl::StrCat("the teachers at ", absl::StrJoin(c.teachers, ", "));
+  } else {
+    ASSIGN_OR_RETURN(source_, StoreSource::Open(c.store));
+    source_name = absl::StrCat("store ", c.store);
+  }
+  // The data must come from this target: same family, sizes and vocab.
   const nlohmann::json& model = source_->contract()["model"];
   auto mismatch = [&](const char* field, const nlohmann::json& stored, const nlohmann::json& mine) {
     return absl::FailedPreconditionError(
-        absl::StrCat("store ", c.store, " was dumped from a different target: contract.model.",
-                     field, " is ", stored.dump(), " but ", c.target_dir, " has ", mine.dump()));
+        absl::StrCat(source_name, " served a different target: contract.model.", field, " is ",
+                     stored.dump(), " but ", c.target_dir, " has ", mine.dump()));
   };
   if (model.value("model_type", "") != target.model_type) {
     return mismatch("model_type", model.value("model_type", ""), target.model_type);
@@ -186,7 +209,7 @@ absl::Status Trainer::Init() {
                                                      c.draft_vocab_size, " must be in [1, ",
                                                      target.vocab_size, "]"));
     }
-    ASSIGN_OR_RETURN(map, BuildMapFromStore(*source_, target.vocab_size, c.draft_vocab_size));
+    ASSIGN_OR_RETURN(map, BuildMapFromSource(*source_, target.vocab_size, c.draft_vocab_size));
   }
 
   DraftShape shape;
@@ -220,6 +243,11 @@ absl::Status Trainer::Init() {
 
   ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(0));
   steps_per_epoch_ = static_cast<int64_t>(plan.size());
+  // A step holds its batch and the next one's (prefetched).
+  size_t largest_batch = 0;
+  for (const auto& batch : plan) largest_batch = std::max(largest_batch, batch.size());
+  for (const auto& batch : token_batches_) largest_batch = std::max(largest_batch, batch.size());
+  source_->ReserveOutstanding(2 * static_cast<int64_t>(largest_batch));
   total_steps_ = c.max_steps > 0 ? c.max_steps : c.epochs * steps_per_epoch_;
   schedule_.peak_lr = c.lr;
   schedule_.total_steps = total_steps_;
@@ -396,15 +424,9 @@ absl::Status Trainer::SyncGradients() {
   });
 }
 
-absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indices) {
-  std::vector<TrainingSample> samples;
-  if (layout_.cp_size == 1) {
-    for (int64_t index : indices) {
-      ASSIGN_OR_RETURN(TrainingSample s, source_->Get(index));
-      samples.push_back(std::move(s));
-    }
-    return Collate(samples, config_.max_length);
-  }
+RowRange Trainer::BatchRows(const std::vector<int64_t>& indices) const {
+  constexpr int64_t kAll = std::numeric_limits<int64_t>::max();
+  if (layout_.cp_size == 1) return RowRange{0, kAll, kAll};
   // Every CP rank of the DP group sees the same indices, so they agree on
   // the padded length without communicating; each reads only its shard and
   // the TTT halo (the next ttt_steps rows).
@@ -414,21 +436,42 @@ absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indice
     longest = std::max(longest, config_.max_length > 0 ? std::min(len, config_.max_length) : len);
   }
   const CpShard shard = ShardRange(longest, layout_.cp_size, layout_.cp_rank());
-  const int64_t halo = config_.ttt_steps;
-  const RowRange rows{shard.begin, shard.begin + shard.padded_length,
-                      shard.begin + shard.padded_length + halo};
+  return RowRange{shard.begin, shard.begin + shard.padded_length,
+                  shard.begin + shard.padded_length + config_.ttt_steps};
+}
+
+absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indices) {
+  std::vector<TrainingSample> samples;
+  if (layout_.cp_size == 1) {
+    for (int64_t index : indices) {
+      ASSIGN_OR_RETURN(TrainingSample s, source_->Get(index));
+      samples.push_back(std::move(s));
+    }
+    return Collate(samples, config_.max_length);
+  }
+  const RowRange rows = BatchRows(indices);
   for (int64_t index : indices) {
     ASSIGN_OR_RETURN(TrainingSample s, source_->GetRows(index, rows));
     samples.push_back(std::move(s));
   }
-  return CollateShard(samples, config_.max_length, shard.begin, shard.padded_length, halo);
+  return CollateShard(samples, config_.max_length, rows.begin, rows.end - rows.begin,
+                      rows.halo_end - rows.end);
 }
 
 absl::Status Trainer::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t epoch = step_ / steps_per_epoch_;
   ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(epoch));
-  const std::vector<int64_t>& indices = plan[step_ % steps_per_epoch_];
+  const std::vector<int64_t> indices = plan[step_ % steps_per_epoch_];
+  // Online sources compute this batch (if not yet asked) and the next one
+  // while this step trains.
+  source_->Prefetch(indices, BatchRows(indices));
+  if (step_ + 1 < total_steps_) {
+    ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> next_plan,
+                     EpochPlan((step_ + 1) / steps_per_epoch_));
+    const std::vector<int64_t>& next = next_plan[(step_ + 1) % steps_per_epoch_];
+    source_->Prefetch(next, BatchRows(next));
+  }
   ASSIGN_OR_RETURN(DraftBatch batch, LoadBatch(indices));
   const int k_steps = config_.ttt_steps;
 
@@ -450,6 +493,7 @@ absl::Status Trainer::TrainStep() {
   const double lr = schedule_.At(step_);
   optimizer_->Step(lr);
   ++step_;
+  RETURN_IF_ERROR(source_->Commit(step_, indices));
 
   // Metrics over all ranks.
   std::vector<double> sums;

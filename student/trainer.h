@@ -31,7 +31,13 @@
 namespace specstream::student {
 
 struct TrainerConfig {
-  std::string store;       // offline store directory
+  std::string store;  // offline store directory (or teachers below)
+  // Online training (student/online_source.h): pre-tokenized samples and
+  // the teacher daemons computing their hidden states.
+  std::string tokenized;
+  std::vector<std::string> teachers;
+  int64_t in_flight = 8;   // samples outstanding per teacher stream
+  std::string ledger_dir;  // ledger-rank<r>.jsonl of trained samples; empty: none
   std::string target_dir;  // target checkpoint (embeddings, lm_head, config)
   std::string vocab_map;   // map file, or empty to build one of draft_vocab_size
   int64_t draft_vocab_size = 0;
@@ -108,12 +114,16 @@ class Trainer final {
   int64_t total_steps() const { return total_steps_; }
   const std::vector<StepMetrics>& history() const { return history_; }
   Eagle3Draft& draft() { return *draft_; }
+  SampleSource& source() { return *source_; }
 
  private:
   Trainer() = default;
   absl::Status Init();
   absl::StatusOr<std::vector<std::vector<int64_t>>> EpochPlan(int64_t epoch);
   absl::Status TrainStep();
+  // The rows of each sample of a batch this rank reads: all of them, or
+  // its CP shard plus the TTT halo.
+  RowRange BatchRows(const std::vector<int64_t>& indices) const;
   // This rank's batch (its CP shard of it under context parallelism).
   absl::StatusOr<DraftBatch> LoadBatch(const std::vector<int64_t>& indices);
   absl::Status AllReduce(torch::Tensor& t);
@@ -135,7 +145,7 @@ class Trainer final {
   c10::intrusive_ptr<c10d::Store> store_;
   CpLayout layout_;
   CpGroups cp_groups_;
-  std::unique_ptr<StoreSource> source_;
+  std::unique_ptr<SampleSource> source_;
   std::unique_ptr<Eagle3Draft> draft_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;

@@ -36,21 +36,13 @@
 #include "student/trainer.h"
 #include "teacher/dump.h"
 #include "teacher/init_random.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kHidden = 256, kVocab = 8000, kLayers = 4;
 constexpr int64_t kDraftVocab = 4000, kHeads = 4, kHeadDim = 64, kIntermediate = 704;
-
-int64_t StatusKb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key));
-  }
-  return 0;
-}
 
 struct RankResult {
   double peak_mib = 0;  // VmHWM
@@ -120,7 +112,7 @@ int RunRank(const std::string& dir, int64_t length, int cp, int ulysses, int ran
     std::fprintf(stderr, "rank %d: %s\n", rank, trainer.status().ToString().c_str());
     return 1;
   }
-  const int64_t base_kb = StatusKb("VmRSS:");
+  const int64_t base_kb = specstream::bench::StatusKb("VmRSS:");
   const auto start = Clock::now();
   const absl::Status step = (*trainer)->RunSteps(1);
   if (!step.ok()) {
@@ -128,42 +120,15 @@ int RunRank(const std::string& dir, int64_t length, int cp, int ulysses, int ran
     return 1;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const int64_t peak_kb = StatusKb("VmHWM:");
+  const int64_t peak_kb = specstream::bench::StatusKb("VmHWM:");
   std::printf("%.1f %.1f %.3f\n", peak_kb / 1024.0, (peak_kb - base_kb) / 1024.0, seconds);
   return 0;
 }
 
 // A store of one sample of `length` tokens with random hidden states.
 bool WriteStore(const std::string& path, int64_t length) {
-  specstream::teacher::ModelDescription model;
-  model.model_type = "llama";
-  model.hidden_size = kHidden;
-  model.vocab_size = kVocab;
-  model.num_layers = kLayers;
-  model.capture_layer_ids = {1, 2, 3};
-  auto writer = specstream::StoreWriter::Open(
-      path, specstream::teacher::DumpContract(model, true, specstream::DType::kBF16));
-  if (!writer.ok()) return false;
-  torch::manual_seed(length);
-  torch::Tensor ids = torch::randint(kVocab, {length}, torch::kInt32);
-  torch::Tensor mask = torch::ones({length}, torch::kUInt8);
-  torch::Tensor aux = torch::randn({length, 3 * kHidden}).to(torch::kBFloat16);
-  torch::Tensor last = torch::randn({length, kHidden}).to(torch::kBFloat16);
-  torch::Tensor target = torch::randint(kVocab, {length}, torch::kInt32);
-  if (!(*writer)
-           ->Add(0, {specstream::ViewOf("input_ids", ids), specstream::ViewOf("loss_mask", mask),
-                     specstream::ViewOf("aux_hidden", aux), specstream::ViewOf("last_hidden", last),
-                     specstream::ViewOf("target_ids", target)})
-           .ok()) {
-    return false;
-  }
-  return (*writer)->Finish().ok();
-}
-
-std::string SelfExe() {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  return std::string(self, n > 0 ? n : 0);
+  return specstream::bench::WriteSyntheticStore(path, {kHidden, kVocab, kLayers, {1, 2, 3}},
+                                                length);
 }
 
 // Runs the cp ranks of one configuration as child processes; the result of
@@ -174,8 +139,8 @@ std::vector<RankResult> RunWorld(const std::string& dir, int64_t length, int cp,
   std::vector<FILE*> pipes;
   for (int rank = 0; rank < cp; ++rank) {
     const std::string command =
-        absl::StrCat(SelfExe(), " --child-dir ", dir, " --length ", length, " --cp ", cp,
-                     " --ulysses ", ulysses, " --rank ", rank, " --ttt ", ttt);
+        absl::StrCat(specstream::bench::SelfExe(), " --child-dir ", dir, " --length ", length,
+                     " --cp ", cp, " --ulysses ", ulysses, " --rank ", rank, " --ttt ", ttt);
     pipes.push_back(popen(command.c_str(), "r"));
   }
   std::vector<RankResult> results(cp);

@@ -27,20 +27,12 @@
 #include "student/trainer.h"
 #include "teacher/dump.h"
 #include "teacher/init_random.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kHidden = 1024, kVocab = 32000, kLayers = 8;
-
-int64_t StatusKb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key));
-  }
-  return 0;
-}
 
 // Child: set up, train 2 steps on one sample of `length` tokens, print
 // "length tokens_per_s extra_mib".
@@ -61,41 +53,20 @@ int RunChild(const std::string& dir, int64_t length, int ttt, int64_t draft_voca
     std::fprintf(stderr, "%s\n", std::string(trainer.status().message()).c_str());
     return 1;
   }
-  const int64_t base_kb = StatusKb("VmRSS:");
+  const int64_t base_kb = specstream::bench::StatusKb("VmRSS:");
   if (!(*trainer)->RunSteps(1).ok()) return 1;  // warm-up
   auto start = Clock::now();
   if (!(*trainer)->RunSteps(1).ok()) return 1;
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::printf("%ld %.1f %.1f %.3f\n", static_cast<long>(length), length / seconds,
-              (StatusKb("VmHWM:") - base_kb) / 1024.0, seconds);
+              (specstream::bench::StatusKb("VmHWM:") - base_kb) / 1024.0, seconds);
   return 0;
 }
 
 // A store of one sample of `length` tokens with random hidden states.
 bool WriteStore(const std::string& path, int64_t length) {
-  specstream::teacher::ModelDescription model;
-  model.model_type = "llama";
-  model.hidden_size = kHidden;
-  model.vocab_size = kVocab;
-  model.num_layers = kLayers;
-  model.capture_layer_ids = {1, 3, 4};
-  auto writer = specstream::StoreWriter::Open(
-      path, specstream::teacher::DumpContract(model, true, specstream::DType::kBF16));
-  if (!writer.ok()) return false;
-  torch::manual_seed(length);
-  torch::Tensor ids = torch::randint(kVocab, {length}, torch::kInt32);
-  torch::Tensor mask = torch::ones({length}, torch::kUInt8);
-  torch::Tensor aux = torch::randn({length, 3 * kHidden}).to(torch::kBFloat16);
-  torch::Tensor last = torch::randn({length, kHidden}).to(torch::kBFloat16);
-  torch::Tensor target = torch::randint(kVocab, {length}, torch::kInt32);
-  if (!(*writer)
-           ->Add(0, {specstream::ViewOf("input_ids", ids), specstream::ViewOf("loss_mask", mask),
-                     specstream::ViewOf("aux_hidden", aux), specstream::ViewOf("last_hidden", last),
-                     specstream::ViewOf("target_ids", target)})
-           .ok()) {
-    return false;
-  }
-  return (*writer)->Finish().ok();
+  return specstream::bench::WriteSyntheticStore(path, {kHidden, kVocab, kLayers, {1, 3, 4}},
+                                                length);
 }
 
 double MatmulFlops() {
@@ -164,9 +135,7 @@ int main(int argc, char** argv) {
   const double head = 2.0 * kHidden * draft_vocab;
   const double flops_per_token = 3.0 * ttt * (layer + head) + head;
 
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string exe(self, n > 0 ? n : 0);
+  const std::string exe = specstream::bench::SelfExe();
   std::printf("student_bench: draft hidden %ld, draft vocab %ld, K=%d, bf16; matmul %.1f GFLOP/s\n",
               static_cast<long>(kHidden), static_cast<long>(draft_vocab), ttt, matmul / 1e9);
   std::printf("%8s %12s %14s %10s %12s\n", "tokens", "tokens/s", "step seconds", "fraction",

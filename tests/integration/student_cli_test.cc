@@ -107,6 +107,22 @@ TEST_F(StudentCliTest, TrainTwoRanksExportAndEval) {
   EXPECT_TRUE(line.contains("loss"));
 }
 
+// World 4 = DP 2 x CP 2 (ring) from the job's parallel section; a world that
+// is not a multiple of cp_size is refused before any rank waits for others.
+TEST_F(StudentCliTest, TrainDataTimesContextParallel) {
+  MakeStore();
+  testing::WriteFile(dir_.Join("job.yaml"), JobYaml("parallel:\n  cp_size: 2\n  cp_mode: ring\n"));
+  ASSERT_EQ(Student("train --config " + dir_.Join("job.yaml") + " --nproc 4"), 0) << Stderr();
+  EXPECT_NE(Stderr().find("(dp 1/2, cp 1/2, ulysses 1)"), std::string::npos) << Stderr();
+  EXPECT_NE(Stderr().find("step 8/8"), std::string::npos) << Stderr();
+  EXPECT_TRUE(std::filesystem::exists(dir_.Join("export/model.safetensors")));
+
+  testing::WriteFile(dir_.Join("odd.yaml"), JobYaml("parallel:\n  cp_size: 2\n"));
+  EXPECT_NE(Student("train --config " + dir_.Join("odd.yaml") + " --nproc 3"), 0);
+  EXPECT_NE(Stderr().find("parallel.cp_size 2 does not divide the world of 3"), std::string::npos)
+      << Stderr();
+}
+
 TEST_F(StudentCliTest, BadJobsAreRefusedNamingTheField) {
   MakeStore();
   testing::WriteFile(dir_.Join("bad.yaml"), JobYaml("bogus_section: 1\n"));

@@ -1,0 +1,664 @@
+#include "student/online_source.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/chat_template.h"
+#include "common/jsonl.h"
+#include "common/logging.h"
+#include "common/payload.h"
+#include "common/status.h"
+#include "common/torch/tensor_util.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "specstream/v1/teacher.grpc.pb.h"
+
+namespace specstream::student {
+namespace {
+
+constexpr char kStreamMethod[] = "/specstream.v1.TeacherService/StreamHiddenStates";
+
+// What one request asks for (the rows of a sample) and where it stands.
+struct Wanted {
+  int64_t index = 0;
+  RowRange rows;
+};
+
+bool SameRows(const RowRange& a, const RowRange& b) {
+  return a.begin == b.begin && a.end == b.end && a.halo_end == b.halo_end;
+}
+
+}  // namespace
+
+class OnlineSource::Impl {
+ public:
+  class Stream;
+
+  // One sample's progress, keyed by dataset index.
+  struct Slot {
+    RowRange rows;
+    uint64_t request_id = 0;   // outstanding request, 0 when none
+    Stream* stream = nullptr;  // the stream serving (or that delivered) it
+    absl::StatusOr<TrainingSample> sample = absl::UnavailableError("pending");
+    bool ready = false;
+    bool delivered = false;  // handed to the trainer; awaiting Commit
+    absl::Time requested;
+  };
+
+  // One TeacherService stream (callback reactor). All state changes happen
+  // under Impl::mu_.
+  class Stream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+   public:
+    Stream(Impl* owner, std::string address, std::shared_ptr<grpc::Channel> channel)
+        : owner_(owner), address_(std::move(address)), stub_(std::move(channel)) {}
+
+    const std::string& address() const { return address_; }
+    bool alive() const { return alive_; }
+
+    // Grants more credits so that at least `credits` are outstanding in
+    // total. Called under mu_.
+    void GrantUpTo(int64_t credits) {
+      if (credits <= granted_) return;
+      v1::StreamRequest credit;
+      credit.mutable_credit()->set_n(static_cast<uint32_t>(credits - granted_));
+      granted_ = credits;
+      Enqueue(credit);
+    }
+
+    // Starts the call: Open (inline) and the stream's credits.
+    void Start(int64_t credits) {
+      granted_ = credits;
+      v1::StreamRequest open;
+      open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+      Enqueue(open);
+      v1::StreamRequest credit;
+      credit.mutable_credit()->set_n(static_cast<uint32_t>(credits));
+      Enqueue(credit);
+      stub_.PrepareBidiStreamingCall(&context_, kStreamMethod, grpc::StubOptions(), this);
+      prepared_ = true;
+      WriteNext();
+      StartRead(&in_);
+      StartCall();
+    }
+
+    // Queues a message; writes are issued one at a time. Called under mu_.
+    void Enqueue(const google::protobuf::MessageLite& message) {
+      auto buffer = SerializeToByteBuffer(message);
+      if (!buffer.ok()) return;
+      outgoing_.push_back(*std::move(buffer));
+      WriteNext();
+    }
+
+    void Cancel() { context_.TryCancel(); }
+
+    void WaitDone() {
+      std::unique_lock<std::mutex> lock(done_mu_);
+      done_cv_.wait(lock, [&] { return done_; });
+    }
+
+    // gRPC callbacks.
+    void OnWriteDone(bool ok) override {
+      std::lock_guard<std::mutex> lock(owner_->mu_);
+      writing_ = false;
+      if (!ok) return;  // OnDone reports the failure
+      outgoing_.pop_front();
+      WriteNext();
+    }
+
+    void OnReadDone(bool ok) override {
+      if (!ok) return;  // the stream ended; OnDone follows
+      v1::StreamResponse message;
+      ReceivedChunk chunk;
+      absl::StatusOr<bool> is_chunk = DecodeStreamResponse(in_, &message, &chunk);
+      {
+        std::lock_guard<std::mutex> lock(owner_->mu_);
+        if (!is_chunk.ok()) {
+          Break(is_chunk.status());
+        } else if (*is_chunk) {
+          OnChunk(chunk);
+        } else if (message.has_header()) {
+          OnHeader(message.header());
+        } else if (message.has_error()) {
+          owner_->Failed(
+              message.error().request_id(),
+              absl::Status(static_cast<absl::StatusCode>(message.error().code()),
+                           absl::StrCat("teacher ", address_, ": ", message.error().message())));
+        }
+      }
+      StartRead(&in_);
+    }
+
+    void OnDone(const grpc::Status& status) override {
+      {
+        std::lock_guard<std::mutex> lock(owner_->mu_);
+        alive_ = false;
+        const absl::Status why =
+            status.ok()
+                ? absl::UnavailableError(absl::StrCat("teacher ", address_, " ended the stream"))
+                : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                               absl::StrCat("teacher ", address_, ": ", status.error_message()));
+        if (!owner_->closing_) SS_LOG_WARN("online: stream lost: {}", why.ToString());
+        owner_->StreamLost(this);
+      }
+      {
+        std::lock_guard<std::mutex> lock(done_mu_);
+        done_ = true;
+      }
+      done_cv_.notify_all();
+    }
+
+   private:
+    // An incoming payload.
+    struct Incoming {
+      v1::TensorContract contract;
+      int64_t row_begin = 0;
+      std::string payload;
+      uint64_t received = 0;
+    };
+
+    void WriteNext() {
+      if (!prepared_ || writing_ || outgoing_.empty() || !alive_) return;
+      writing_ = true;
+      StartWrite(&outgoing_.front());
+    }
+
+    // Ends the stream on a protocol violation; its requests fail over.
+    void Break(const absl::Status& why) {
+      SS_LOG_WARN("online: teacher {}: {}", address_, why.ToString());
+      context_.TryCancel();
+    }
+
+    void OnHeader(const v1::StreamResponse::SampleHeader& header) {
+      if (absl::Status s = ValidateContract(header.contract()); !s.ok()) {
+        return owner_->Failed(header.request_id(),
+                              absl::DataLossError(absl::StrCat("teacher ", address_,
+                                                               ": bad contract: ", s.message())));
+      }
+      Incoming& in = incoming_[header.request_id()];
+      in.contract = header.contract();
+      in.row_begin = header.row_begin();
+      in.payload.resize(header.contract().payload_bytes());
+      in.received = 0;
+      if (in.payload.empty()) Complete(header.request_id());
+    }
+
+    void OnChunk(const ReceivedChunk& chunk) {
+      auto it = incoming_.find(chunk.request_id());
+      if (it == incoming_.end() || chunk.shm() != nullptr ||
+          chunk.offset() != it->second.received ||
+          chunk.size() > it->second.payload.size() - it->second.received) {
+        return Break(absl::DataLossError("payload chunk out of order or past its payload"));
+      }
+      chunk.CopyTo(it->second.payload.data() + chunk.offset());
+      it->second.received += chunk.size();
+      if (it->second.received == it->second.payload.size()) Complete(chunk.request_id());
+    }
+
+    void Complete(uint64_t request_id) {
+      Incoming in = std::move(incoming_[request_id]);
+      incoming_.erase(request_id);
+      if (absl::Status s = VerifyPayload(in.contract, in.payload); !s.ok()) {
+        return owner_->Failed(
+            request_id, absl::DataLossError(absl::StrCat("teacher ", address_, ": ", s.message())));
+      }
+      owner_->Arrived(request_id, in.contract, in.row_begin, std::move(in.payload));
+    }
+
+    Impl* owner_;
+    std::string address_;
+    grpc::GenericStub stub_;
+    grpc::ClientContext context_;
+    grpc::ByteBuffer in_;
+    std::deque<grpc::ByteBuffer> outgoing_;
+    bool writing_ = false;
+    bool prepared_ = false;  // the call exists; writes may start
+    int64_t granted_ = 0;    // the credit window (an Ack returns its credit)
+    bool alive_ = true;
+    std::map<uint64_t, Incoming> incoming_;
+    std::mutex done_mu_;
+    std::condition_variable done_cv_;
+    bool done_ = false;
+  };
+
+  explicit Impl(OnlineSourceOptions options) : options_(std::move(options)) {}
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+      for (auto& stream : streams_) {
+        if (stream->alive()) stream->Cancel();
+      }
+    }
+    for (auto& stream : streams_) stream->WaitDone();
+  }
+
+  absl::Status Init() {
+    RecordOptions record_options;
+    RETURN_IF_ERROR(
+        ForEachJsonLine(options_.data, [&](int64_t, const nlohmann::json& record) -> absl::Status {
+          ASSIGN_OR_RETURN(TokenizedSample sample, SampleFromRecord(record, record_options));
+          samples_.push_back(std::move(sample));
+          return absl::OkStatus();
+        }));
+    if (samples_.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.tokenized ", options_.data, " holds no samples"));
+    }
+    if (options_.teachers.empty()) {
+      return absl::InvalidArgumentError("data.teachers: at least one teacher address is required");
+    }
+    if (options_.in_flight < 1) {
+      return absl::InvalidArgumentError("data.in_flight must be >= 1");
+    }
+    // Describe every teacher; they must serve the same model.
+    std::vector<std::string> errors;
+    for (size_t i = 0; i < options_.teachers.size(); ++i) {
+      // Ranks start on different teachers.
+      const std::string& address =
+          options_.teachers[(i + options_.rank) % options_.teachers.size()];
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+      args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      v1::TeacherService::Stub stub(channel);
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
+      context.set_wait_for_ready(true);
+      v1::DescribeRequest request;
+      v1::DescribeResponse response;
+      const grpc::Status status = stub.Describe(&context, request, &response);
+      if (!status.ok()) {
+        errors.push_back(absl::StrCat(address, ": ", status.error_message()));
+        SS_LOG_WARN("online: teacher {} did not answer Describe: {}", address,
+                    status.error_message());
+        continue;
+      }
+      nlohmann::json model = {
+          {"model_type", response.model_type()},
+          {"hidden_size", response.hidden_size()},
+          {"vocab_size", response.vocab_size()},
+          {"num_layers", response.num_layers()},
+          {"capture_layer_ids", std::vector<int>(response.capture_layer_ids().begin(),
+                                                 response.capture_layer_ids().end())}};
+      if (contract_.is_null()) {
+        contract_ = {{"model", model}};
+        max_tokens_ = response.max_tokens();
+      } else if (contract_["model"] != model) {
+        return absl::FailedPreconditionError(absl::StrCat("teacher ", address, " serves ",
+                                                          model.dump(), " but another serves ",
+                                                          contract_["model"].dump()));
+      }
+      streams_.push_back(std::make_unique<Stream>(this, address, channel));
+    }
+    if (streams_.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("no teacher answered: ", absl::StrJoin(errors, "; ")));
+    }
+    for (int64_t i = 0; i < static_cast<int64_t>(samples_.size()); ++i) {
+      const int64_t len = static_cast<int64_t>(samples_[i].input_ids.size());
+      if (max_tokens_ > 0 && len > max_tokens_) {
+        return absl::InvalidArgumentError(absl::StrCat(options_.data, ": sample ", i, " has ", len,
+                                                       " tokens but the teachers accept at most ",
+                                                       max_tokens_, " (data.max_length?)"));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& stream : streams_) stream->Start(options_.in_flight);
+    }
+    if (!options_.ledger.empty()) {
+      ledger_.open(options_.ledger, std::ios::app);
+      if (!ledger_) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("cannot append to ledger ", options_.ledger));
+      }
+    }
+    // Whether payloads carry target_ids: learnt from the first sample.
+    ASSIGN_OR_RETURN(TrainingSample first, Fetch(0, Whole(0)));
+    has_target_ids_ = first.target_ids.defined();
+    hidden_dtype_ = first.aux_hidden.scalar_type();
+    Release(0);
+    return absl::OkStatus();
+  }
+
+  // Acknowledges delivered samples to their teachers (their credits return)
+  // and forgets them. Called under mu_.
+  void Release(const std::vector<int64_t>& indices) {
+    std::map<Stream*, v1::StreamRequest> acks;
+    for (int64_t index : indices) {
+      auto it = slots_.find(index);
+      if (it == slots_.end() || !it->second.delivered) continue;
+      if (it->second.stream != nullptr && it->second.stream->alive()) {
+        acks[it->second.stream].mutable_ack()->add_sample_ids(index);
+      }
+      slots_.erase(it);
+    }
+    for (auto& [stream, ack] : acks) stream->Enqueue(ack);
+  }
+  void Release(int64_t index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Release(std::vector<int64_t>{index});
+  }
+
+  RowRange Whole(int64_t index) const {
+    const int64_t len = static_cast<int64_t>(samples_[index].input_ids.size());
+    return RowRange{0, len, len};
+  }
+
+  // Rows clipped to the sample (so every way of asking for the same rows
+  // compares equal).
+  RowRange Clip(int64_t index, const RowRange& rows) const {
+    const int64_t len = static_cast<int64_t>(samples_[index].input_ids.size());
+    return RowRange{rows.begin, std::min(rows.end, len), std::min(rows.halo_end, len)};
+  }
+
+  // True when the rows hold nothing of the sample (an empty CP shard).
+  bool Empty(int64_t index, const RowRange& rows) const {
+    return rows.begin >= static_cast<int64_t>(samples_[index].input_ids.size());
+  }
+
+  // Requests `index` (those rows) unless it is already requested or ready
+  // with the same rows. Called under mu_.
+  void Want(int64_t index, const RowRange& wanted) {
+    if (Empty(index, wanted)) return;
+    const RowRange rows = Clip(index, wanted);
+    Slot& slot = slots_[index];
+    if ((slot.request_id != 0 || slot.ready) && SameRows(slot.rows, rows)) return;
+    if (slot.request_id != 0) requests_.erase(slot.request_id);
+    slot = Slot();
+    slot.rows = rows;
+    Send(index, slot);
+  }
+
+  // Sends the request for a slot to the next live stream (round robin).
+  // Called under mu_.
+  void Send(int64_t index, Slot& slot) {
+    Stream* stream = nullptr;
+    for (size_t i = 0; i < streams_.size() && stream == nullptr; ++i) {
+      Stream* candidate = streams_[(next_stream_ + i) % streams_.size()].get();
+      if (candidate->alive()) stream = candidate;
+    }
+    ++next_stream_;
+    if (stream == nullptr) {
+      slot.sample = absl::UnavailableError("every teacher is gone");
+      slot.ready = true;
+      cv_.notify_all();
+      return;
+    }
+    const TokenizedSample& s = samples_[index];
+    const int64_t len = static_cast<int64_t>(s.input_ids.size());
+    v1::StreamRequest request;
+    auto* sample = request.mutable_sample();
+    slot.request_id = ++last_request_id_;
+    slot.stream = stream;
+    slot.requested = absl::Now();
+    sample->set_request_id(slot.request_id);
+    sample->set_sample_id(index);
+    sample->mutable_token_ids()->Add(s.input_ids.begin(), s.input_ids.end());
+    sample->set_loss_mask(std::string(s.loss_mask.begin(), s.loss_mask.end()));
+    const int64_t end = std::min(slot.rows.end, len);
+    if (!(slot.rows.begin == 0 && end == len && slot.rows.halo_end >= len)) {
+      sample->set_slice_begin(slot.rows.begin);
+      sample->set_slice_end(end);
+      sample->set_halo_after(std::max<int64_t>(0, std::min(slot.rows.halo_end, len) - end));
+    }
+    requests_[slot.request_id] = index;
+    stream->Enqueue(request);
+  }
+
+  // A payload arrived whole and intact. Called under mu_.
+  void Arrived(uint64_t request_id, const v1::TensorContract& contract, int64_t row_begin,
+               std::string payload) {
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return;  // superseded
+    Slot& slot = slots_[it->second];
+    requests_.erase(it);
+    slot.request_id = 0;
+    slot.sample = Decode(it->second, slot.rows, contract, row_begin, payload);
+    slot.ready = true;
+    cv_.notify_all();
+  }
+
+  // A request failed. DATA_LOSS and transient codes are retried elsewhere;
+  // anything else (a bad request) is final. Called under mu_.
+  void Failed(uint64_t request_id, const absl::Status& why) {
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return;
+    const int64_t index = it->second;
+    requests_.erase(it);
+    Slot& slot = slots_[index];
+    slot.request_id = 0;
+    const bool retry = why.code() == absl::StatusCode::kDataLoss ||
+                       why.code() == absl::StatusCode::kUnavailable ||
+                       why.code() == absl::StatusCode::kDeadlineExceeded ||
+                       why.code() == absl::StatusCode::kResourceExhausted;
+    if (slot.stream != nullptr && slot.stream->alive()) {
+      // The failed sample's credit returns (an id the teacher never counted
+      // is ignored).
+      v1::StreamRequest ack;
+      ack.mutable_ack()->add_sample_ids(index);
+      slot.stream->Enqueue(ack);
+    }
+    if (retry && !closing_) {
+      SS_LOG_WARN("online: sample {} re-requested: {}", index, why.ToString());
+      ++refetches_;
+      Send(index, slot);
+      return;
+    }
+    slot.sample = why;
+    slot.ready = true;
+    cv_.notify_all();
+  }
+
+  // Every outstanding request of a lost stream goes to another teacher.
+  // Called under mu_.
+  void StreamLost(Stream* stream) {
+    std::vector<uint64_t> lost;
+    for (const auto& [request_id, index] : requests_) {
+      if (slots_[index].stream == stream) lost.push_back(request_id);
+    }
+    for (uint64_t request_id : lost) {
+      Failed(request_id,
+             absl::UnavailableError(absl::StrCat("teacher ", stream->address(), " is gone")));
+    }
+    cv_.notify_all();
+  }
+
+  // The payload's tensors as a TrainingSample, converted exactly as
+  // StoreSource does (so online and offline training agree bit for bit).
+  absl::StatusOr<TrainingSample> Decode(int64_t index, const RowRange& rows,
+                                        const v1::TensorContract& contract, int64_t row_begin,
+                                        const std::string& payload) {
+    TrainingSample sample;
+    sample.id = index;
+    sample.length = static_cast<int64_t>(samples_[index].input_ids.size());
+    sample.offset = rows.begin;
+    if (row_begin != std::min(rows.begin, sample.length)) {
+      return absl::DataLossError(absl::StrCat("sample ", index, ": teacher sent rows from ",
+                                              row_begin, ", asked from ", rows.begin));
+    }
+    const int64_t own = std::max<int64_t>(0, std::min(rows.end, sample.length) - row_begin);
+    absl::Status status = CatchTorch(absl::StrCat("sample ", index), [&] {
+      for (const v1::TensorSpec& spec : contract.tensors()) {
+        auto dtype = FromProtoDType(spec.dtype());
+        TORCH_CHECK(dtype.ok(), "tensor ", spec.name(), ": ",
+                    std::string(dtype.status().message()));
+        TensorView view;
+        view.name = spec.name();
+        view.dtype = *dtype;
+        view.shape.assign(spec.shape().begin(), spec.shape().end());
+        view.data = reinterpret_cast<const uint8_t*>(payload.data()) + spec.offset();
+        view.nbytes = spec.nbytes();
+        torch::Tensor t = BorrowView(view);
+        if (spec.name() == "input_ids") sample.input_ids = t.to(torch::kInt64);
+        if (spec.name() == "loss_mask") sample.loss_mask = t.to(torch::kUInt8, false, true);
+        if (spec.name() == "aux_hidden")
+          sample.aux_hidden = t.narrow(0, 0, std::min(own, t.size(0))).clone();
+        if (spec.name() == "last_hidden") sample.last_hidden = t.clone();
+        if (spec.name() == "target_ids") sample.target_ids = t.to(torch::kInt64);
+      }
+    });
+    if (!status.ok()) return status;
+    if (!sample.input_ids.defined() || !sample.loss_mask.defined() ||
+        !sample.aux_hidden.defined() || !sample.last_hidden.defined()) {
+      return absl::DataLossError(absl::StrCat(
+          "sample ", index, ": payload lacks input_ids/loss_mask/aux_hidden/last_hidden"));
+    }
+    return sample;
+  }
+
+  // Waits for the sample (requesting it when needed) and hands it over.
+  absl::StatusOr<TrainingSample> Fetch(int64_t index, const RowRange& rows) {
+    if (index < 0 || index >= static_cast<int64_t>(samples_.size())) {
+      return absl::OutOfRangeError(absl::StrCat("sample index ", index, " of ", samples_.size()));
+    }
+    if (Empty(index, rows)) return EmptyRows(index, rows);
+    std::unique_lock<std::mutex> lock(mu_);
+    Want(index, rows);
+    const absl::Time deadline = absl::Now() + options_.sample_timeout;
+    Slot* slot = &slots_[index];
+    while (!slot->ready) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
+          !slot->ready) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("sample ", index, " did not arrive within ",
+                         absl::FormatDuration(options_.sample_timeout)));
+      }
+      slot = &slots_[index];
+    }
+    absl::StatusOr<TrainingSample> sample = std::move(slot->sample);
+    slot->ready = false;
+    slot->delivered = sample.ok();
+    slot->sample = absl::UnavailableError("taken");
+    return sample;
+  }
+
+  // A CP shard past the sample's end: zero rows, shaped like a payload's.
+  absl::StatusOr<TrainingSample> EmptyRows(int64_t index, const RowRange& rows) {
+    TrainingSample sample;
+    sample.id = index;
+    sample.length = static_cast<int64_t>(samples_[index].input_ids.size());
+    sample.offset = rows.begin;
+    const int64_t hidden = contract_["model"]["hidden_size"].get<int64_t>();
+    const int64_t captures = static_cast<int64_t>(contract_["model"]["capture_layer_ids"].size());
+    sample.input_ids = torch::zeros({0}, torch::kInt64);
+    sample.loss_mask = torch::zeros({0}, torch::kUInt8);
+    sample.aux_hidden = torch::zeros({0, captures * hidden}, hidden_dtype_);
+    sample.last_hidden = torch::zeros({0, hidden}, hidden_dtype_);
+    if (has_target_ids_) sample.target_ids = torch::zeros({0}, torch::kInt64);
+    return sample;
+  }
+
+  absl::Status Commit(int64_t step, const std::vector<int64_t>& indices) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Release(indices);
+    if (ledger_.is_open()) {
+      nlohmann::json line = {{"step", step}, {"rank", options_.rank}, {"sample_ids", indices}};
+      ledger_ << line.dump() << "\n";
+      ledger_.flush();
+      if (!ledger_)
+        return absl::DataLossError(absl::StrCat("ledger ", options_.ledger, ": write failed"));
+    }
+    return absl::OkStatus();
+  }
+
+  OnlineSourceOptions options_;
+  std::vector<TokenizedSample> samples_;
+  nlohmann::json contract_;
+  int64_t max_tokens_ = 0;
+  bool has_target_ids_ = false;
+  torch::ScalarType hidden_dtype_ = torch::kFloat32;
+  std::ofstream ledger_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  size_t next_stream_ = 0;
+  uint64_t last_request_id_ = 0;
+  std::map<int64_t, Slot> slots_;         // by dataset index
+  std::map<uint64_t, int64_t> requests_;  // outstanding request id -> index
+  int64_t refetches_ = 0;
+  bool closing_ = false;
+};
+
+OnlineSource::OnlineSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OnlineSource::~OnlineSource() = default;
+
+absl::StatusOr<std::unique_ptr<OnlineSource>> OnlineSource::Open(
+    const OnlineSourceOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<OnlineSource>(new OnlineSource(std::move(impl)));
+}
+
+int64_t OnlineSource::size() const { return static_cast<int64_t>(impl_->samples_.size()); }
+
+absl::StatusOr<TrainingSample> OnlineSource::Get(int64_t index) {
+  if (index < 0 || index >= size()) {
+    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " of ", size()));
+  }
+  return impl_->Fetch(index, impl_->Whole(index));
+}
+
+absl::StatusOr<TrainingSample> OnlineSource::GetRows(int64_t index, const RowRange& rows) {
+  if (index < 0 || index >= size()) {
+    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " of ", size()));
+  }
+  return impl_->Fetch(index, rows);
+}
+
+const nlohmann::json& OnlineSource::contract() const { return impl_->contract_; }
+
+int64_t OnlineSource::Length(int64_t index) const {
+  return static_cast<int64_t>(impl_->samples_[index].input_ids.size());
+}
+
+bool OnlineSource::has_target_ids() const { return impl_->has_target_ids_; }
+
+absl::Status OnlineSource::TokenIds(int64_t index, std::vector<int32_t>* ids,
+                                    std::vector<uint8_t>* mask) {
+  if (index < 0 || index >= size()) {
+    return absl::OutOfRangeError(absl::StrCat("sample index ", index, " of ", size()));
+  }
+  *ids = impl_->samples_[index].input_ids;
+  *mask = impl_->samples_[index].loss_mask;
+  return absl::OkStatus();
+}
+
+void OnlineSource::ReserveOutstanding(int64_t samples) {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  for (auto& stream : impl_->streams_) {
+    if (stream->alive()) stream->GrantUpTo(samples);
+  }
+}
+
+void OnlineSource::Prefetch(const std::vector<int64_t>& indices, const RowRange& rows) {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  for (int64_t index : indices) {
+    if (index >= 0 && index < size()) impl_->Want(index, rows);
+  }
+}
+
+absl::Status OnlineSource::Commit(int64_t step, const std::vector<int64_t>& indices) {
+  return impl_->Commit(step, indices);
+}
+
+int64_t OnlineSource::refetches() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->refetches_;
+}
+
+}  // namespace specstream::student

@@ -1,0 +1,80 @@
+// Training samples streamed live from teacher daemons (DESIGN.md §5,
+// proto/specstream/v1/teacher.proto): the online counterpart of StoreSource.
+//
+// Each trainer rank opens one TeacherService stream per teacher and requests
+// the samples it will train (only its context-parallel rows, plus the TTT
+// halo). Prefetch() asks ahead so that teachers compute while the student
+// trains; at most `in_flight` samples per teacher are outstanding (the
+// stream's credits), so memory on both sides stays bounded however slow the
+// student is. Payloads arrive as PayloadChunks and are checked against their
+// contract and CRC32C before use.
+//
+// Failover and exactly-once: a sample whose teacher fails (stream ends:
+// UNAVAILABLE, deadline, cancellation) or whose payload fails its checksum
+// (DATA_LOSS) is requested again from another live teacher. A sample counts
+// as trained only when Commit() is called for it after the optimizer step
+// that used it; Commit acknowledges it to its teacher (returning the credit)
+// and appends a line to the rank's ledger (JSONL: {"step", "rank",
+// "sample_ids"}), so the ledger lists every trained sample exactly once.
+//
+// Thread-safety: the SampleSource methods are called from the training
+// thread; gRPC callbacks run on gRPC's threads and share state under one
+// mutex.
+#ifndef SPECSTREAM_STUDENT_ONLINE_SOURCE_H_
+#define SPECSTREAM_STUDENT_ONLINE_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "student/data_source.h"
+
+namespace specstream::student {
+
+struct OnlineSourceOptions {
+  std::string data;  // pre-tokenized JSONL: {"input_ids": [...], "loss_mask": [...]}
+  std::vector<std::string> teachers;  // "host:port" of each teacher daemon
+  int rank = 0;                       // trainer rank (spreads ranks over teachers; ledger name)
+  int64_t in_flight = 8;              // samples outstanding per teacher stream (credits)
+  std::string ledger;                 // ledger file (JSONL, appended); empty: none
+  absl::Duration sample_timeout = absl::Minutes(10);  // one sample, across failovers
+  absl::Duration connect_timeout = absl::Seconds(30);
+};
+
+class OnlineSource final : public SampleSource {
+ public:
+  // Reads the data file, connects to every teacher (Describe; they must all
+  // serve the same model) and opens the streams. Teachers that do not answer
+  // are left out while at least one does.
+  static absl::StatusOr<std::unique_ptr<OnlineSource>> Open(const OnlineSourceOptions& options);
+  ~OnlineSource() override;
+
+  int64_t size() const override;
+  absl::StatusOr<TrainingSample> Get(int64_t index) override;
+  absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override;
+  const nlohmann::json& contract() const override;
+  int64_t Length(int64_t index) const override;
+  bool has_target_ids() const override;
+  absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,
+                        std::vector<uint8_t>* mask) override;
+  void Prefetch(const std::vector<int64_t>& indices, const RowRange& rows) override;
+  // Raises every stream's credits to at least `samples` (never lowers them).
+  void ReserveOutstanding(int64_t samples) override;
+  absl::Status Commit(int64_t step, const std::vector<int64_t>& indices) override;
+
+  // Samples re-requested after a teacher failure or a checksum mismatch.
+  int64_t refetches() const;
+
+  class Impl;
+
+ private:
+  explicit OnlineSource(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specstream::student
+
+#endif  // SPECSTREAM_STUDENT_ONLINE_SOURCE_H_

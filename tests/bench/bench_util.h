@@ -1,0 +1,34 @@
+// Pieces the student benchmarks share: process memory from /proc, a
+// synthetic offline store, and the path of the running binary (benchmarks
+// re-run themselves as child processes so that each measurement has its own
+// peak RSS).
+#ifndef SPECSTREAM_TESTS_BENCH_BENCH_UTIL_H_
+#define SPECSTREAM_TESTS_BENCH_BENCH_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace specstream::bench {
+
+// A "Key:" line of /proc/self/status in kB (VmRSS:, VmHWM:), 0 if absent.
+int64_t StatusKb(const char* key);
+
+// The running executable's path.
+std::string SelfExe();
+
+struct SyntheticStore {
+  int64_t hidden = 0;  // target hidden size
+  int64_t vocab = 0;   // target vocab
+  int64_t layers = 0;  // target layers (capture ids must be below)
+  std::vector<int> capture_layer_ids;
+};
+
+// Writes a complete store at `path` holding one sample (id 0) of `length`
+// tokens: random ids, full loss mask, random bf16 hidden states and random
+// target_ids, seeded by the length. False on any error.
+bool WriteSyntheticStore(const std::string& path, const SyntheticStore& shape, int64_t length);
+
+}  // namespace specstream::bench
+
+#endif  // SPECSTREAM_TESTS_BENCH_BENCH_UTIL_H_

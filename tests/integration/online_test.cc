@@ -1,0 +1,374 @@
+// Online training end to end (issue 6): trainers fed live by real
+// TeacherService servers on loopback, against offline training on a store
+// dumped from the same tiny teacher. Teachers run in-process (TeacherServer)
+// or as `specstream-teacher serve` processes where a test kills one.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/offline_store.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "student/online_source.h"
+#include "student/trainer.h"
+#include "teacher/dump.h"
+#include "teacher/hf_runtime.h"
+#include "teacher/teacher_service.h"
+#include "tests/testing/rank_threads.h"
+#include "tests/testing/testing.h"
+#include "tests/testing/tiny_model.h"
+
+extern char** environ;
+
+namespace specstream::student {
+namespace {
+
+constexpr int kSamples = 24;
+
+class OnlineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new specstream::testing::TempDir();
+    specstream::testing::TinyModelOptions model;
+    model.layers = 8;
+    model.hidden = 32;
+    model.heads = 4;
+    model.kv_heads = 2;
+    model.intermediate = 64;
+    model.vocab = 256;
+    specstream::testing::WriteTinyModel(dir_->Join("target"), model);
+    std::string data;
+    uint64_t state = 11;
+    for (int i = 0; i < kSamples; ++i) {
+      const int len = 12 + (i * 7) % 20;
+      std::string ids, mask;
+      for (int t = 0; t < len; ++t) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        ids += (t ? "," : "") + std::to_string((state >> 33) % 256);
+        mask += (t ? "," : "") + std::string(t < 3 ? "0" : "1");
+      }
+      data += "{\"input_ids\":[" + ids + "],\"loss_mask\":[" + mask + "]}\n";
+    }
+    specstream::testing::WriteFile(dir_->Join("data.jsonl"), data);
+    auto runtime = Runtime();
+    teacher::DumpOptions dump;
+    dump.data = dir_->Join("data.jsonl");
+    dump.out = dir_->Join("store");
+    dump.store_dtype = "float32";
+    dump.keep_target_ids = true;
+    dump.batch_tokens = 1;  // one sequence per forward, as the servers below run them
+    dump.progress_terminal = 0;
+    auto summary = teacher::RunDump(*runtime, dump);
+    ASSERT_TRUE(summary.ok()) << summary.status();
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::unique_ptr<teacher::HfRuntime> Runtime() {
+    teacher::HfRuntimeOptions options;
+    options.model_dir = dir_->Join("target");
+    options.dtype = "float32";
+    auto runtime = teacher::HfRuntime::Create(options);
+    EXPECT_TRUE(runtime.ok()) << runtime.status();
+    return runtime.ok() ? std::move(*runtime) : nullptr;
+  }
+
+  // An in-process teacher serving float32 payloads with target_ids, one
+  // sequence per forward (like the store's dump).
+  struct Teacher {
+    std::unique_ptr<teacher::HfRuntime> runtime;
+    std::unique_ptr<teacher::TeacherServer> server;
+  };
+  static Teacher StartTeacher(std::function<void(int64_t, std::string&)> corrupt = nullptr) {
+    Teacher t;
+    t.runtime = Runtime();
+    teacher::TeacherServerOptions options;
+    options.service.payload_dtype = "float32";
+    options.service.keep_target_ids = true;
+    options.service.max_batch_tokens = 1;
+    options.service.corrupt_payload_for_testing = std::move(corrupt);
+    auto server = teacher::TeacherServer::Start(*t.runtime, options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) t.server = std::move(*server);
+    return t;
+  }
+
+  static TrainerConfig Config() {
+    TrainerConfig c;
+    c.target_dir = dir_->Join("target");
+    c.draft_vocab_size = 128;
+    c.lr = 3e-3;
+    c.max_steps = 12;
+    c.batch_size = 4;
+    c.ttt_steps = 3;
+    c.seed = 5;
+    c.dtype = torch::kFloat32;
+    c.grad_clip = 1.0;
+    c.progress_terminal = 0;
+    c.log_every = 0;
+    return c;
+  }
+  static TrainerConfig Offline() {
+    TrainerConfig c = Config();
+    c.store = dir_->Join("store");
+    return c;
+  }
+  static TrainerConfig Online(const std::vector<std::string>& teachers) {
+    TrainerConfig c = Config();
+    c.tokenized = dir_->Join("data.jsonl");
+    c.teachers = teachers;
+    c.in_flight = 8;
+    return c;
+  }
+
+  static void ExpectSameTraining(Trainer& a, Trainer& b) {
+    ASSERT_EQ(a.history().size(), b.history().size());
+    for (size_t i = 0; i < a.history().size(); ++i) {
+      EXPECT_EQ(a.history()[i].loss, b.history()[i].loss) << "step " << i + 1;
+      EXPECT_EQ(a.history()[i].acc_k, b.history()[i].acc_k) << "step " << i + 1;
+    }
+    for (size_t i = 0; i < a.draft().parameters().size(); ++i) {
+      EXPECT_TRUE(torch::equal(a.draft().parameters()[i].second, b.draft().parameters()[i].second))
+          << a.draft().parameters()[i].first;
+    }
+  }
+
+  static specstream::testing::TempDir* dir_;
+};
+
+specstream::testing::TempDir* OnlineTest::dir_ = nullptr;
+
+// The same data and seed online and offline: the same loss curve, bit for
+// bit (fp32 on CPU), and the same weights.
+TEST_F(OnlineTest, OnlineAndOfflineTrainTheSameBitwise) {
+  auto offline = Trainer::Create(Offline(), 0, 1, {});
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  ASSERT_TRUE((*offline)->RunSteps(12).ok());
+  Teacher teacher = StartTeacher();
+  ASSERT_NE(teacher.server, nullptr);
+  auto online = Trainer::Create(Online({teacher.server->address()}), 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(12).ok());
+  ExpectSameTraining(**online, **offline);
+  std::cout << "online == offline over 12 steps; final loss " << (*online)->history().back().loss
+            << "\n";
+}
+
+// Context parallelism online: each CP rank receives only its slice (plus
+// the TTT halo) and trains exactly as from the store.
+TEST_F(OnlineTest, ContextParallelRanksReceiveTheirSlices) {
+  Teacher teacher = StartTeacher();
+  ASSERT_NE(teacher.server, nullptr);
+  std::vector<std::unique_ptr<Trainer>> offline(2), online(2);
+  for (bool use_teacher : {false, true}) {
+    auto& ranks = use_teacher ? online : offline;
+    TrainerConfig c = use_teacher ? Online({teacher.server->address()}) : Offline();
+    c.max_steps = 4;
+    c.cp_size = 2;
+    const absl::Status status = specstream::testing::RunOnRankHandles(
+        2, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
+          auto trainer = Trainer::Create(c, rank, 2, handle.group, handle.store);
+          if (!trainer.ok()) return trainer.status();
+          absl::Status run = (*trainer)->RunSteps(4);
+          ranks[rank] = std::move(*trainer);
+          return run;
+        });
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  ExpectSameTraining(*online[0], *offline[0]);
+  // Slices: a rank's source hands back rows [begin, end + halo) only.
+  OnlineSourceOptions options;
+  options.data = dir_->Join("data.jsonl");
+  options.teachers = {teacher.server->address()};
+  auto source = OnlineSource::Open(options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  const int64_t length = (*source)->Length(3);  // 13 tokens
+  auto slice = (*source)->GetRows(3, RowRange{4, 8, 11});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  EXPECT_EQ(slice->offset, 4);
+  EXPECT_EQ(slice->length, length);
+  EXPECT_EQ(slice->aux_hidden.size(0), 4);
+  EXPECT_EQ(slice->input_ids.size(0), 7);
+  EXPECT_EQ(slice->last_hidden.size(0), 7);
+  auto whole = (*source)->Get(3);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_TRUE(torch::equal(slice->aux_hidden, whole->aux_hidden.narrow(0, 4, 4)));
+  EXPECT_TRUE(torch::equal(slice->last_hidden, whole->last_hidden.narrow(0, 4, 7)));
+  // A slice reaching past the end is clipped to the sample.
+  auto tail = (*source)->GetRows(3, RowRange{8, 16, 19});
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ(tail->aux_hidden.size(0), length - 8);
+  EXPECT_TRUE(torch::equal(tail->input_ids, whole->input_ids.narrow(0, 8, length - 8)));
+}
+
+// A payload corrupted on the wire fails its checksum (DATA_LOSS), is fetched
+// again, and training is unaffected.
+TEST_F(OnlineTest, CorruptedPayloadIsDetectedAndRefetched) {
+  std::atomic<int> corrupted{0};
+  Teacher teacher = StartTeacher([&](int64_t sample_id, std::string& payload) {
+    if (sample_id == 5 && corrupted.fetch_add(1) == 0) payload[payload.size() / 2] ^= 0x5a;
+  });
+  ASSERT_NE(teacher.server, nullptr);
+  TrainerConfig c = Online({teacher.server->address()});
+  c.max_steps = 6;  // one epoch: every sample once
+  auto online = Trainer::Create(c, 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(6).ok());
+  EXPECT_EQ(corrupted.load(), 2);  // the bad copy and the good one
+  TrainerConfig o = Offline();
+  o.max_steps = 6;
+  auto offline = Trainer::Create(o, 0, 1, {});
+  ASSERT_TRUE(offline.ok());
+  ASSERT_TRUE((*offline)->RunSteps(6).ok());
+  ExpectSameTraining(**online, **offline);
+}
+
+// Eight students stream every sample from one teacher at once; each gets
+// the stored bytes.
+TEST_F(OnlineTest, EightConcurrentStudentsAllFinish) {
+  Teacher teacher = StartTeacher();
+  ASSERT_NE(teacher.server, nullptr);
+  auto reader = StoreReader::Open(dir_->Join("store"));
+  ASSERT_TRUE(reader.ok());
+  std::vector<absl::Status> results(8);
+  std::vector<std::thread> students;
+  for (int s = 0; s < 8; ++s) {
+    students.emplace_back([&, s] {
+      OnlineSourceOptions options;
+      options.data = dir_->Join("data.jsonl");
+      options.teachers = {teacher.server->address()};
+      options.rank = s;
+      options.in_flight = 2;
+      auto source = OnlineSource::Open(options);
+      if (!source.ok()) {
+        results[s] = source.status();
+        return;
+      }
+      std::vector<int64_t> all;
+      for (int64_t i = 0; i < kSamples; ++i) all.push_back(i);
+      for (int64_t i = 0; i < kSamples; ++i) {
+        (*source)->Prefetch({i}, RowRange{0, 1 << 30, 1 << 30});
+        auto sample = (*source)->Get(i);
+        if (!sample.ok()) {
+          results[s] = sample.status();
+          return;
+        }
+        auto views = (*reader)->Get((*reader)->sample_ids()[i]);
+        for (const TensorView& v : *views) {
+          if (v.name != "aux_hidden") continue;
+          if (std::memcmp(v.data, sample->aux_hidden.data_ptr(), v.nbytes) != 0) {
+            results[s] = absl::DataLossError(absl::StrCat("student ", s, " sample ", i));
+            return;
+          }
+        }
+        results[s] = (*source)->Commit(i + 1, {i});  // returns the credit
+        if (!results[s].ok()) return;
+      }
+    });
+  }
+  for (auto& t : students) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// ---------------------------------------------------------------------------
+// Teachers as processes: one is killed with SIGKILL mid-epoch.
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+  return pid;
+}
+
+std::string WaitForPortFile(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    std::string port;
+    if (in >> port && !port.empty()) return "127.0.0.1:" + port;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "";
+}
+
+TEST_F(OnlineTest, KilledTeacherMidEpochEverySampleTrainedExactlyOnce) {
+  std::vector<pid_t> pids;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    const std::string port_file = dir_->Join(absl::StrCat("teacher-", i, ".port"));
+    std::filesystem::remove(port_file);
+    pids.push_back(
+        Spawn({SPECSTREAM_TEACHER_PATH, "serve", "--model", dir_->Join("target"), "--runtime", "hf",
+               "--devices", "cpu", "--port", "0", "--dtype", "float32", "--payload-dtype",
+               "float32", "--keep-target-ids", "--batch-tokens", "1", "--port-file", port_file}));
+    addresses.push_back(WaitForPortFile(port_file));
+    ASSERT_FALSE(addresses.back().empty()) << "teacher " << i << " did not start";
+  }
+  TrainerConfig c = Online(addresses);
+  c.max_steps = 0;
+  c.epochs = 1;  // 6 steps of 4
+  c.in_flight = 4;
+  c.ledger_dir = dir_->Join("ledger");
+  std::filesystem::remove_all(c.ledger_dir);
+  auto online = Trainer::Create(c, 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(2).ok());
+  // Teacher 0 freezes (its requests stay unanswered), then dies with SIGKILL
+  // while the trainer waits: those samples must come from teacher 1.
+  ASSERT_EQ(kill(pids[0], SIGSTOP), 0);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    kill(pids[0], SIGKILL);
+  });
+  const absl::Status run = (*online)->Run();
+  killer.join();
+  int status = 0;
+  waitpid(pids[0], &status, 0);
+  ASSERT_TRUE(run.ok()) << run;
+  EXPECT_EQ((*online)->step(), 6);
+  auto* source = dynamic_cast<OnlineSource*>(&(*online)->source());
+  ASSERT_NE(source, nullptr);
+  EXPECT_GT(source->refetches(), 0);
+  std::cout << "samples re-requested after the kill: " << source->refetches() << "\n";
+
+  // The ledger: every sample of the epoch exactly once.
+  std::map<int64_t, int> trained;
+  std::ifstream ledger(c.ledger_dir + "/ledger-rank0.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(ledger, line)) {
+    ++steps;
+    const nlohmann::json record = nlohmann::json::parse(line);
+    for (int64_t id : record["sample_ids"]) ++trained[id];
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(static_cast<int>(trained.size()), kSamples);
+  for (const auto& [id, count] : trained) EXPECT_EQ(count, 1) << "sample " << id;
+
+  // Same result as offline: the failover changed nothing.
+  TrainerConfig o = Offline();
+  o.max_steps = 0;
+  o.epochs = 1;
+  auto offline = Trainer::Create(o, 0, 1, {});
+  ASSERT_TRUE(offline.ok());
+  ASSERT_TRUE((*offline)->Run().ok());
+  ExpectSameTraining(**online, **offline);
+
+  kill(pids[1], SIGTERM);
+  waitpid(pids[1], &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+}  // namespace
+}  // namespace specstream::student
