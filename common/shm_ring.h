@@ -136,6 +136,12 @@ class ShmRing final {
   uint64_t reserved_end_ = 0;
 };
 
+// This machine's identity for same-host checks (two processes can share a
+// ring only when both agree): the hostname and the kernel's boot id
+// (/proc/sys/kernel/random/boot_id). Empty when unavailable.
+std::string LocalHostname();
+std::string LocalBootId();
+
 }  // namespace specstream
 
 #endif  // SPECSTREAM_COMMON_SHM_RING_H_

@@ -166,6 +166,11 @@ absl::Status ValidateData(v1::DataSpec& data) {
                         absl::StrCat("\"", data.teachers(i), "\" is not host:port"));
     }
   }
+  if (data.transport().empty()) data.set_transport("auto");
+  if (data.transport() != "auto" && data.transport() != "inline" && data.transport() != "shm") {
+    return FieldError("data.transport",
+                      absl::StrCat("\"", data.transport(), "\" is not auto, inline or shm"));
+  }
   RETURN_IF_ERROR(RequireNonNegative(data.in_flight(), "data.in_flight"));
   if (data.in_flight() == 0) data.set_in_flight(8);
   return RequireNonNegative(data.max_length(), "data.max_length");

@@ -1,7 +1,10 @@
 #include "student/online_source.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <limits>
@@ -16,6 +19,7 @@
 #include "common/jsonl.h"
 #include "common/logging.h"
 #include "common/payload.h"
+#include "common/shm_ring.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -58,8 +62,14 @@ class OnlineSource::Impl {
   // under Impl::mu_.
   class Stream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
    public:
-    Stream(Impl* owner, std::string address, std::shared_ptr<grpc::Channel> channel)
-        : owner_(owner), address_(std::move(address)), stub_(std::move(channel)) {}
+    // `ring`: the shared-memory ring this stream's payloads come through,
+    // or null for inline payloads.
+    Stream(Impl* owner, std::string address, std::shared_ptr<grpc::Channel> channel,
+           std::unique_ptr<ShmRing> ring)
+        : owner_(owner),
+          address_(std::move(address)),
+          stub_(std::move(channel)),
+          ring_(std::move(ring)) {}
 
     const std::string& address() const { return address_; }
     bool alive() const { return alive_; }
@@ -78,7 +88,13 @@ class OnlineSource::Impl {
     void Start(int64_t credits) {
       granted_ = credits;
       v1::StreamRequest open;
-      open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+      if (ring_ != nullptr) {
+        open.mutable_open()->set_transport(v1::TRANSPORT_SHM);
+        open.mutable_open()->set_shm_name(ring_->name());
+        open.mutable_open()->set_shm_capacity(ring_->capacity());
+      } else {
+        open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+      }
       Enqueue(open);
       v1::StreamRequest credit;
       credit.mutable_credit()->set_n(static_cast<uint32_t>(credits));
@@ -193,13 +209,24 @@ class OnlineSource::Impl {
 
     void OnChunk(const ReceivedChunk& chunk) {
       auto it = incoming_.find(chunk.request_id());
-      if (it == incoming_.end() || chunk.shm() != nullptr ||
+      const v1::StreamResponse::ShmLocator* shm = chunk.shm();
+      const uint64_t size = shm != nullptr ? shm->length() : chunk.size();
+      if (it == incoming_.end() || (shm != nullptr) != (ring_ != nullptr) ||
           chunk.offset() != it->second.received ||
-          chunk.size() > it->second.payload.size() - it->second.received) {
+          size > it->second.payload.size() - it->second.received) {
         return Break(absl::DataLossError("payload chunk out of order or past its payload"));
       }
-      chunk.CopyTo(it->second.payload.data() + chunk.offset());
-      it->second.received += chunk.size();
+      char* dest = it->second.payload.data() + chunk.offset();
+      if (shm != nullptr) {
+        // Copy the record out of the ring, then free it for the teacher.
+        absl::StatusOr<absl::Span<const char>> record = ring_->Read(shm->position(), size);
+        if (!record.ok()) return Break(record.status());
+        std::memcpy(dest, record->data(), size);
+        if (absl::Status s = ring_->Release(shm->position() + size); !s.ok()) return Break(s);
+      } else {
+        chunk.CopyTo(dest);
+      }
+      it->second.received += size;
       if (it->second.received == it->second.payload.size()) Complete(chunk.request_id());
     }
 
@@ -222,6 +249,7 @@ class OnlineSource::Impl {
     bool writing_ = false;
     bool prepared_ = false;  // the call exists; writes may start
     int64_t granted_ = 0;    // the credit window (an Ack returns its credit)
+    std::unique_ptr<ShmRing> ring_;
     bool alive_ = true;
     std::map<uint64_t, Incoming> incoming_;
     std::mutex done_mu_;
@@ -301,7 +329,8 @@ class OnlineSource::Impl {
                                                           model.dump(), " but another serves ",
                                                           contract_["model"].dump()));
       }
-      streams_.push_back(std::make_unique<Stream>(this, address, channel));
+      ASSIGN_OR_RETURN(std::unique_ptr<ShmRing> ring, RingFor(address, response));
+      streams_.push_back(std::make_unique<Stream>(this, address, channel, std::move(ring)));
     }
     if (streams_.empty()) {
       return absl::UnavailableError(
@@ -351,6 +380,40 @@ class OnlineSource::Impl {
   void Release(int64_t index) {
     std::lock_guard<std::mutex> lock(mu_);
     Release(std::vector<int64_t>{index});
+  }
+
+  // The ring for a stream to `address`, or null for inline payloads (see
+  // OnlineSourceOptions::transport). In "auto" a ring that cannot be made
+  // (e.g. /dev/shm too small) falls back to inline with a warning.
+  absl::StatusOr<std::unique_ptr<ShmRing>> RingFor(const std::string& address,
+                                                   const v1::DescribeResponse& teacher) {
+    const std::string& mode = options_.transport;
+    if (mode == "inline") return nullptr;
+    if (mode != "auto" && mode != "shm") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.transport: \"", mode, "\" is not auto, inline or shm"));
+    }
+    const bool offered = std::find(teacher.transports().begin(), teacher.transports().end(),
+                                   v1::TRANSPORT_SHM) != teacher.transports().end();
+    const bool same_host = !teacher.hostname().empty() && teacher.hostname() == LocalHostname() &&
+                           !teacher.boot_id().empty() && teacher.boot_id() == LocalBootId();
+    if (!offered || !same_host) {
+      if (mode == "auto") return nullptr;
+      return absl::FailedPreconditionError(
+          absl::StrCat("data.transport shm: teacher ", address,
+                       offered ? " runs on another host" : " does not offer shared memory"));
+    }
+    ShmRingOptions ring;
+    ring.name = absl::StrCat("/specstream-", getpid(), "-", options_.rank, "-", streams_.size(),
+                             "-", absl::ToUnixNanos(absl::Now()) % 1000000007);
+    ring.capacity = options_.shm_capacity;
+    absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::Create(ring);
+    if (!created.ok() && mode == "auto") {
+      SS_LOG_WARN("online: teacher {}: no shared-memory ring ({}); payloads go inline", address,
+                  created.status().ToString());
+      return nullptr;
+    }
+    return created;
   }
 
   RowRange Whole(int64_t index) const {

@@ -40,6 +40,10 @@ struct OnlineSourceOptions {
   int rank = 0;                       // trainer rank (spreads ranks over teachers; ledger name)
   int64_t in_flight = 8;              // samples outstanding per teacher stream (credits)
   std::string ledger;                 // ledger file (JSONL, appended); empty: none
+  // Payload transport: "auto" (shared memory with a teacher on this host —
+  // same hostname and boot id — inline otherwise), "inline" or "shm".
+  std::string transport = "auto";
+  uint64_t shm_capacity = uint64_t{32} << 20;         // ring bytes per shm stream (power of two)
   absl::Duration sample_timeout = absl::Minutes(10);  // one sample, across failovers
   absl::Duration connect_timeout = absl::Seconds(30);
 };

@@ -52,6 +52,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.teachers.assign(spec.data().teachers().begin(), spec.data().teachers().end());
   c.in_flight = spec.data().in_flight() > 0 ? spec.data().in_flight() : 8;
   c.ledger_dir = spec.data().ledger_dir();
+  if (!spec.data().transport().empty()) c.transport = spec.data().transport();
   c.target_dir = spec.model().target();
   const auto& draft = spec.model().draft();
   c.vocab_map = draft.vocab_map();
@@ -162,6 +163,7 @@ absl::Status Trainer::Init() {
     online.teachers = c.teachers;
     online.rank = rank_;
     online.in_flight = c.in_flight;
+    online.transport = c.transport;
     if (!c.ledger_dir.empty()) {
       std::error_code error;
       std::filesystem::create_directories(c.ledger_dir, error);

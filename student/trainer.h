@@ -36,10 +36,11 @@ struct TrainerConfig {
   // the teacher daemons computing their hidden states.
   std::string tokenized;
   std::vector<std::string> teachers;
-  int64_t in_flight = 8;   // samples outstanding per teacher stream
-  std::string ledger_dir;  // ledger-rank<r>.jsonl of trained samples; empty: none
-  std::string target_dir;  // target checkpoint (embeddings, lm_head, config)
-  std::string vocab_map;   // map file, or empty to build one of draft_vocab_size
+  int64_t in_flight = 8;           // samples outstanding per teacher stream
+  std::string transport = "auto";  // auto | inline | shm (OnlineSourceOptions)
+  std::string ledger_dir;          // ledger-rank<r>.jsonl of trained samples; empty: none
+  std::string target_dir;          // target checkpoint (embeddings, lm_head, config)
+  std::string vocab_map;           // map file, or empty to build one of draft_vocab_size
   int64_t draft_vocab_size = 0;
   // Draft shape overrides; 0 takes the target's.
   int64_t intermediate_size = 0;

@@ -45,19 +45,6 @@ constexpr uint64_t kMaxChunkBytes = 256 << 20;
 // A ring wait re-checks whether its stream has ended this often.
 constexpr absl::Duration kRingWaitSlice = absl::Milliseconds(50);
 
-std::string Hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
-}
-
-std::string BootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return std::string(absl::StripAsciiWhitespace(id));
-}
-
 absl::Status ValidateSampleRequest(const SampleRequest& r, int64_t max_tokens, int64_t vocab_size) {
   if (r.request_id() == 0) return absl::InvalidArgumentError("sample.request_id: must be > 0");
   const int64_t t = r.token_ids_size();
@@ -762,8 +749,8 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
   d.set_dtype(ToProtoDType(payload_dtype));
   d.set_max_tokens(max_tokens);
   d.add_transports(v1::TRANSPORT_INLINE);
-  d.set_hostname(Hostname());
-  d.set_boot_id(BootId());
+  d.set_hostname(LocalHostname());
+  d.set_boot_id(LocalBootId());
   // Without a boot id a student could not tell that it shares the host.
   if (!d.boot_id().empty() && !d.hostname().empty()) d.add_transports(v1::TRANSPORT_SHM);
   d.set_max_message_bytes(static_cast<int64_t>(std::max<uint64_t>(

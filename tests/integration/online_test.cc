@@ -122,11 +122,13 @@ class OnlineTest : public ::testing::Test {
     c.store = dir_->Join("store");
     return c;
   }
-  static TrainerConfig Online(const std::vector<std::string>& teachers) {
+  static TrainerConfig Online(const std::vector<std::string>& teachers,
+                              const std::string& transport = "inline") {
     TrainerConfig c = Config();
     c.tokenized = dir_->Join("data.jsonl");
     c.teachers = teachers;
     c.in_flight = 8;
+    c.transport = transport;
     return c;
   }
 
@@ -147,20 +149,23 @@ class OnlineTest : public ::testing::Test {
 
 specstream::testing::TempDir* OnlineTest::dir_ = nullptr;
 
-// The same data and seed online and offline: the same loss curve, bit for
-// bit (fp32 on CPU), and the same weights.
+// The same data and seed online (inline and shared-memory payloads) and
+// offline: the same loss curve, bit for bit (fp32 on CPU), and the same
+// weights.
 TEST_F(OnlineTest, OnlineAndOfflineTrainTheSameBitwise) {
   auto offline = Trainer::Create(Offline(), 0, 1, {});
   ASSERT_TRUE(offline.ok()) << offline.status();
   ASSERT_TRUE((*offline)->RunSteps(12).ok());
-  Teacher teacher = StartTeacher();
-  ASSERT_NE(teacher.server, nullptr);
-  auto online = Trainer::Create(Online({teacher.server->address()}), 0, 1, {});
-  ASSERT_TRUE(online.ok()) << online.status();
-  ASSERT_TRUE((*online)->RunSteps(12).ok());
-  ExpectSameTraining(**online, **offline);
-  std::cout << "online == offline over 12 steps; final loss " << (*online)->history().back().loss
-            << "\n";
+  for (const char* transport : {"inline", "shm"}) {
+    Teacher teacher = StartTeacher();
+    ASSERT_NE(teacher.server, nullptr);
+    auto online = Trainer::Create(Online({teacher.server->address()}, transport), 0, 1, {});
+    ASSERT_TRUE(online.ok()) << online.status();
+    ASSERT_TRUE((*online)->RunSteps(12).ok());
+    ExpectSameTraining(**online, **offline);
+    std::cout << transport << ": online == offline over 12 steps; final loss "
+              << (*online)->history().back().loss << "\n";
+  }
 }
 
 // Context parallelism online: each CP rank receives only its slice (plus
