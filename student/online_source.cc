@@ -31,12 +31,6 @@ namespace {
 
 constexpr char kStreamMethod[] = "/specstream.v1.TeacherService/StreamHiddenStates";
 
-// What one request asks for (the rows of a sample) and where it stands.
-struct Wanted {
-  int64_t index = 0;
-  RowRange rows;
-};
-
 bool SameRows(const RowRange& a, const RowRange& b) {
   return a.begin == b.begin && a.end == b.end && a.halo_end == b.halo_end;
 }
@@ -100,6 +94,7 @@ class OnlineSource::Impl {
       credit.mutable_credit()->set_n(static_cast<uint32_t>(credits));
       Enqueue(credit);
       stub_.PrepareBidiStreamingCall(&context_, kStreamMethod, grpc::StubOptions(), this);
+      call_started_ = true;
       prepared_ = true;
       WriteNext();
       StartRead(&in_);
@@ -117,6 +112,7 @@ class OnlineSource::Impl {
     void Cancel() { context_.TryCancel(); }
 
     void WaitDone() {
+      if (!call_started_) return;
       std::unique_lock<std::mutex> lock(done_mu_);
       done_cv_.wait(lock, [&] { return done_; });
     }
@@ -131,7 +127,13 @@ class OnlineSource::Impl {
     }
 
     void OnReadDone(bool ok) override {
-      if (!ok) return;  // the stream ended; OnDone follows
+      if (!ok) {
+        // The stream is ending: no new writes from here on (a write started
+        // after this could race with OnDone; OnDone waits for this read).
+        std::lock_guard<std::mutex> lock(owner_->mu_);
+        alive_ = false;
+        return;
+      }
       v1::StreamResponse message;
       ReceivedChunk chunk;
       absl::StatusOr<bool> is_chunk = DecodeStreamResponse(in_, &message, &chunk);
@@ -247,8 +249,9 @@ class OnlineSource::Impl {
     grpc::ByteBuffer in_;
     std::deque<grpc::ByteBuffer> outgoing_;
     bool writing_ = false;
-    bool prepared_ = false;  // the call exists; writes may start
-    int64_t granted_ = 0;    // the credit window (an Ack returns its credit)
+    bool prepared_ = false;      // the call exists; writes may start
+    bool call_started_ = false;  // OnDone will come (WaitDone waits for it)
+    int64_t granted_ = 0;        // the credit window (an Ack returns its credit)
     std::unique_ptr<ShmRing> ring_;
     bool alive_ = true;
     std::map<uint64_t, Incoming> incoming_;
