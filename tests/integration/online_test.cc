@@ -47,19 +47,7 @@ class OnlineTest : public ::testing::Test {
     model.intermediate = 64;
     model.vocab = 256;
     specstream::testing::WriteTinyModel(dir_->Join("target"), model);
-    std::string data;
-    uint64_t state = 11;
-    for (int i = 0; i < kSamples; ++i) {
-      const int len = 12 + (i * 7) % 20;
-      std::string ids, mask;
-      for (int t = 0; t < len; ++t) {
-        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-        ids += (t ? "," : "") + std::to_string((state >> 33) % 256);
-        mask += (t ? "," : "") + std::string(t < 3 ? "0" : "1");
-      }
-      data += "{\"input_ids\":[" + ids + "],\"loss_mask\":[" + mask + "]}\n";
-    }
-    specstream::testing::WriteFile(dir_->Join("data.jsonl"), data);
+    specstream::testing::WriteTokenizedSamples(dir_->Join("data.jsonl"), kSamples, 11, 7, 256);
     auto runtime = Runtime();
     teacher::DumpOptions dump;
     dump.data = dir_->Join("data.jsonl");

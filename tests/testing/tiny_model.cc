@@ -3,6 +3,7 @@
 #include "common/file.h"
 #include "gtest/gtest.h"
 #include "teacher/init_random.h"
+#include "tests/testing/testing.h"
 
 namespace specstream::testing {
 
@@ -28,6 +29,23 @@ void WriteTinyModel(const std::string& dir, const TinyModelOptions& o) {
     o.edit_config(*config);
     ASSERT_TRUE(WriteFileAtomically(dir + "/config.json", HfConfigToJson(*config)).ok());
   }
+}
+
+void WriteTokenizedSamples(const std::string& path, int samples, uint64_t seed, int stride,
+                           int vocab) {
+  std::string data;
+  uint64_t state = seed;
+  for (int i = 0; i < samples; ++i) {
+    const int len = 12 + (i * stride) % 20;
+    std::string ids, mask;
+    for (int t = 0; t < len; ++t) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      ids += (t ? "," : "") + std::to_string((state >> 33) % vocab);
+      mask += (t ? "," : "") + std::string(t < 3 ? "0" : "1");
+    }
+    data += "{\"input_ids\":[" + ids + "],\"loss_mask\":[" + mask + "]}\n";
+  }
+  WriteFile(path, data);
 }
 
 }  // namespace specstream::testing

@@ -4,6 +4,7 @@
 #ifndef SPECSTREAM_TESTS_TESTING_TINY_MODEL_H_
 #define SPECSTREAM_TESTS_TESTING_TINY_MODEL_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -29,6 +30,12 @@ struct TinyModelOptions {
 
 // Writes the checkpoint into `dir`; aborts the test on failure.
 void WriteTinyModel(const std::string& dir, const TinyModelOptions& options);
+
+// Writes `samples` pre-tokenized JSONL records ({"input_ids", "loss_mask"})
+// to `path`: sample i has 12 + (i * stride) % 20 tokens drawn from [0, vocab)
+// by a 64-bit LCG seeded with `seed`, the first three masked out.
+void WriteTokenizedSamples(const std::string& path, int samples, uint64_t seed, int stride,
+                           int vocab);
 
 }  // namespace specstream::testing
 
