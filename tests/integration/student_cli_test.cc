@@ -1,6 +1,7 @@
 // The offline path end to end, as a user runs it: init-random a target, dump
 // a store, train with two local DDP ranks from a job YAML, export, eval.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -105,6 +106,43 @@ TEST_F(StudentCliTest, TrainTwoRanksExportAndEval) {
   EXPECT_GT(line["positions"].get<int64_t>(), 0);
   EXPECT_TRUE(line.contains("sim_accept_len"));
   EXPECT_TRUE(line.contains("loss"));
+}
+
+// Online, as users run it: a `serve` daemon in the background and a job
+// whose data section names it; two ranks stream, train, export and write the
+// ledger.
+TEST_F(StudentCliTest, TrainOnlineFromATeacherDaemon) {
+  MakeStore();  // also writes the target and data.jsonl
+  const std::string port_file = dir_.Join("teacher.port");
+  const std::string serve = std::string(SPECSTREAM_TEACHER_PATH) + " serve --model " +
+                            dir_.Join("target") + " --devices cpu --port 0 --port-file " +
+                            port_file + " --keep-target-ids >" + dir_.Join("serve.log") +
+                            " 2>&1 & echo $! >" + dir_.Join("serve.pid");
+  ASSERT_EQ(std::system(serve.c_str()), 0);
+  std::string port;
+  for (int i = 0; i < 600 && port.empty(); ++i) {
+    if (std::filesystem::exists(port_file)) port = testing::ReadFile(port_file);
+    if (port.empty()) usleep(100000);
+  }
+  ASSERT_FALSE(port.empty()) << testing::ReadFile(dir_.Join("serve.log"));
+  port.erase(port.find_last_not_of("\n") + 1);
+  std::string job = JobYaml();
+  job.replace(job.find("  store: "), job.find("\n", job.find("  store: ")) - job.find("  store: "),
+              "  tokenized: " + dir_.Join("data.jsonl") + "\n  teachers: [\"127.0.0.1:" + port +
+                  "\"]\n  ledger_dir: " + dir_.Join("ledger"));
+  testing::WriteFile(dir_.Join("online.yaml"), job);
+  const int rc = Student("train --config " + dir_.Join("online.yaml") + " --nproc 2");
+  const std::string pid = testing::ReadFile(dir_.Join("serve.pid"));
+  std::system(("kill -TERM " + pid).c_str());
+  ASSERT_EQ(rc, 0) << Stderr();
+  EXPECT_NE(Stderr().find("step 8/8"), std::string::npos) << Stderr();
+  EXPECT_TRUE(std::filesystem::exists(dir_.Join("export/model.safetensors")));
+  // Each rank's ledger: one line per step, two samples per line.
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string ledger =
+        testing::ReadFile(dir_.Join("ledger/ledger-rank" + std::to_string(rank) + ".jsonl"));
+    EXPECT_EQ(std::count(ledger.begin(), ledger.end(), '\n'), 8) << ledger;
+  }
 }
 
 // World 4 = DP 2 x CP 2 (ring) from the job's parallel section; a world that
