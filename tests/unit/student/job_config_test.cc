@@ -161,6 +161,16 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
       {"cp_mode: ring", "cp_mode: usp", "parallel.ulysses_degree"},
       {"cp_mode: ring", "cp_mode: ulysses\n  ulysses_degree: 1", "parallel.ulysses_degree"},
       {"cp_mode: ring", "cp_mode: ring\n  ulysses_degree: 2", "parallel.ulysses_degree"},
+      // Online data: teachers instead of a store.
+      {"  store: /data/store\n", "  store: /data/store\n  teachers: [\"t:1\"]\n", "data.store"},
+      {"  store: /data/store\n", "  teachers: [\"t:1\"]\n", "data.tokenized"},
+      {"  store: /data/store\n", "  store: /data/store\n  tokenized: /d.jsonl\n", "data.tokenized"},
+      {"  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"t:1\", \"nohost\"]\n",
+       "data.teachers[1]"},
+      {"  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  transport: udp\n",
+       "data.transport"},
+      {"  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  in_flight: -2\n",
+       "data.in_flight"},
   };
   for (const Refusal& c : cases) {
     auto spec = ParseJobSpecYaml(Edit(c.from, c.to));
@@ -169,6 +179,15 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
     EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.field + ":"))
         << "edit '" << c.from << "' -> '" << c.to << "'";
   }
+}
+
+TEST(JobConfigTest, OnlineDataFillsDefaults) {
+  auto spec = ParseJobSpecYaml(
+      Edit("  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"a:1\", \"b:2\"]\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().teachers_size(), 2);
+  EXPECT_EQ(spec->data().in_flight(), 8);
+  EXPECT_EQ(spec->data().transport(), "auto");
 }
 
 TEST(JobConfigTest, UnknownKeysAreRefusedByTheSchema) {
