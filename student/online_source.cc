@@ -49,7 +49,6 @@ class OnlineSource::Impl {
     absl::StatusOr<TrainingSample> sample = absl::UnavailableError("pending");
     bool ready = false;
     bool delivered = false;  // handed to the trainer; awaiting Commit
-    absl::Time requested;
   };
 
   // One TeacherService stream (callback reactor). All state changes happen
@@ -470,7 +469,6 @@ class OnlineSource::Impl {
     auto* sample = request.mutable_sample();
     slot.request_id = ++last_request_id_;
     slot.stream = stream;
-    slot.requested = absl::Now();
     sample->set_request_id(slot.request_id);
     sample->set_sample_id(index);
     sample->mutable_token_ids()->Add(s.input_ids.begin(), s.input_ids.end());
