@@ -150,15 +150,18 @@ absl::Status ExactlyOne(int64_t a, absl::string_view a_name, int64_t b, absl::st
 }
 
 absl::Status ValidateData(v1::DataSpec& data) {
-  if (data.store().empty() == data.teachers().empty()) {
+  // Online jobs name their teachers, or leave them to the coordinator, which
+  // assigns live teachers serving model.target.
+  if (!data.store().empty() && !data.tokenized().empty()) {
+    return FieldError("data.tokenized", "set together with data.store; set one");
+  }
+  const bool online = !data.tokenized().empty() || !data.teachers().empty();
+  if (data.store().empty() == !online) {
     return FieldError("data.store",
-                      "set exactly one of data.store (offline) and data.teachers (online)");
+                      "set exactly one of data.store (offline) and data.tokenized (online)");
   }
   if (!data.teachers().empty() && data.tokenized().empty()) {
     return FieldError("data.tokenized", "required with data.teachers (pre-tokenized JSONL)");
-  }
-  if (data.teachers().empty() && !data.tokenized().empty()) {
-    return FieldError("data.tokenized", "only used with data.teachers");
   }
   for (int i = 0; i < data.teachers_size(); ++i) {
     if (data.teachers(i).find(':') == std::string::npos) {
@@ -309,6 +312,7 @@ absl::Status ValidateParallel(v1::ParallelSpec& parallel) {
                       absl::StrCat("must divide cp_size (", parallel.cp_size(), "), got ",
                                    parallel.ulysses_degree()));
   }
+  RETURN_IF_ERROR(RequireNonNegative(parallel.dp_size(), "parallel.dp_size"));
   return absl::OkStatus();
 }
 
@@ -365,6 +369,8 @@ absl::Status ValidateJobSpec(JobSpec& spec) {
   RETURN_IF_ERROR(ValidateTraining(*spec.mutable_training()));
   RETURN_IF_ERROR(ValidateCheckpoint(spec.checkpoint()));
   RETURN_IF_ERROR(ValidateParallel(*spec.mutable_parallel()));
+  if (!spec.has_max_restarts()) spec.set_max_restarts(kDefaultMaxRestarts);
+  RETURN_IF_ERROR(RequireNonNegative(spec.max_restarts(), "max_restarts"));
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/chat_template.h"
+#include "common/grpc_auth.h"
 #include "common/jsonl.h"
 #include "common/logging.h"
 #include "common/payload.h"
@@ -92,6 +93,7 @@ class OnlineSource::Impl {
       v1::StreamRequest credit;
       credit.mutable_credit()->set_n(static_cast<uint32_t>(credits));
       Enqueue(credit);
+      AddBearer(context_, owner_->options_.token);
       stub_.PrepareBidiStreamingCall(&context_, kStreamMethod, grpc::StubOptions(), this);
       call_started_ = true;
       prepared_ = true;
@@ -285,7 +287,9 @@ class OnlineSource::Impl {
           absl::StrCat("data.tokenized ", options_.data, " holds no samples"));
     }
     if (options_.teachers.empty()) {
-      return absl::InvalidArgumentError("data.teachers: at least one teacher address is required");
+      return absl::InvalidArgumentError(
+          "data.teachers: at least one teacher address is required (a coordinator fills them in "
+          "for jobs submitted to it)");
     }
     if (options_.in_flight < 1) {
       return absl::InvalidArgumentError("data.in_flight must be >= 1");

@@ -46,6 +46,10 @@ struct OnlineSourceOptions {
   uint64_t shm_capacity = uint64_t{32} << 20;         // ring bytes per shm stream (power of two)
   absl::Duration sample_timeout = absl::Minutes(10);  // one sample, across failovers
   absl::Duration connect_timeout = absl::Seconds(30);
+  // Sent as "authorization: Bearer <token>" on every sample stream: the job
+  // token a coordinator hands the ranks of a job (teachers under a
+  // coordinator serve only those). Empty: none.
+  std::string token;
 };
 
 class OnlineSource final : public SampleSource {

@@ -3,6 +3,8 @@
 //           RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 //   export  --checkpoint DIR --out DIR                 (SGLang / vLLM layout)
 //   eval    --checkpoint DIR --data STORE              (one JSON line)
+//   serve   --coordinator HOST:PORT [...]              (a student daemon: runs
+//           the ranks the coordinator assigns until SIGTERM/SIGINT)
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -11,14 +13,17 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_auth.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
+#include "services/student_daemon.h"
 #include "student/job_config.h"
 #include "student/student_commands.h"
 #include "student/trainer.h"
@@ -126,9 +131,20 @@ absl::Status Train(const std::string& config_path, bool resume, int progress) {
   ASSIGN_OR_RETURN(TrainerConfig config, TrainerConfigFromJobSpec(spec));
   config.resume = resume;
   config.progress_terminal = progress;
+  // Set by a student daemon for a coordinator job: admits its streams at the
+  // teachers.
+  if (const char* token = std::getenv("SPECSTREAM_JOB_TOKEN"); token != nullptr) {
+    config.job_token = token;
+  }
   const int rank = EnvInt("RANK", 0);
   const int world = EnvInt("WORLD_SIZE", 1);
   SetLogRank(rank);
+  const int64_t dp = spec.parallel().dp_size();
+  if (dp > 0 && dp * spec.parallel().cp_size() != world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.dp_size: ", dp, " x cp_size ", spec.parallel().cp_size(), " = ",
+                     dp * spec.parallel().cp_size(), " ranks, but the world has ", world));
+  }
   // An impossible layout fails here, before any rank waits for the others.
   RETURN_IF_ERROR(ValidateCpLayout(CpLayout{world, static_cast<int>(config.cp_size),
                                             static_cast<int>(config.ulysses_degree), rank},
@@ -148,6 +164,37 @@ absl::Status Train(const std::string& config_path, bool resume, int progress) {
   }
   ASSIGN_OR_RETURN(auto trainer, Trainer::Create(config, rank, world, group, handle.store));
   return trainer->Run();
+}
+
+// `serve`: SIGTERM/SIGINT ask the daemon to stop its ranks and return;
+// Shutdown() is a lock-free atomic store, safe in a handler.
+services::StudentDaemon* g_daemon = nullptr;
+
+extern "C" void OnServeSignal(int /*signal_number*/) {
+  if (g_daemon != nullptr) g_daemon->Shutdown();
+}
+
+struct ServeFlags {
+  services::StudentDaemonOptions daemon;
+  std::string token_file;
+};
+
+absl::Status RunServe(ServeFlags flags) {
+  ASSIGN_OR_RETURN(flags.daemon.token, LoadToken(flags.token_file));
+  ASSIGN_OR_RETURN(auto daemon, services::StudentDaemon::Create(std::move(flags.daemon)));
+  std::cout << "listening on " << daemon->address() << std::endl;
+  g_daemon = daemon.get();
+  struct sigaction action {};
+  action.sa_handler = OnServeSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  absl::Status status = daemon->Run();
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  g_daemon = nullptr;
+  return status;
 }
 
 }  // namespace
@@ -184,6 +231,33 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--ttt-steps", eval_ttt, "TTT steps (default: the training run's)");
   eval_cmd->add_option("--max-length", eval_max_length, "Truncate samples (0: off)");
 
+  ServeFlags serve;
+  services::StudentDaemonOptions& daemon = serve.daemon;
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve", "Run a student daemon: the coordinator's ranks, until SIGTERM/SIGINT (exit 0)");
+  serve_cmd->add_option("--coordinator", daemon.coordinator, "Coordinator address (host:port)")
+      ->required();
+  serve_cmd->add_option("--name", daemon.name, "Daemon name (default: <hostname>-<pid>)");
+  serve_cmd->add_option("--host", daemon.host,
+                        "Address peers reach this host at (default 127.0.0.1)");
+  serve_cmd->add_option("--port", daemon.port, "gRPC health port (0: any free port)");
+  serve_cmd->add_option("--port-file", daemon.port_file, "Write the bound gRPC port here");
+  serve_cmd->add_option("--metrics-port", daemon.metrics_port,
+                        "Prometheus /metrics port (-1: off, 0: any free port)");
+  serve_cmd->add_option("--metrics-port-file", daemon.metrics_port_file,
+                        "Write the bound metrics port here");
+  serve_cmd->add_option("--workdir", daemon.workdir,
+                        "Per-rank directories (job.json, metrics.jsonl)");
+  serve_cmd->add_option("--devices", daemon.devices, "Devices to report (comma-separated)")
+      ->delimiter(',');
+  serve_cmd->add_option("--stop-grace", daemon.stop_grace_seconds,
+                        "Seconds between SIGTERM and SIGKILL when a rank is stopped");
+  serve_cmd->add_option("--token-file", serve.token_file,
+                        "Coordinator bearer token (default: $SPECSTREAM_TOKEN)");
+  serve_cmd->add_option("--tls-ca", daemon.tls.ca, "PEM roots to verify the coordinator (TLS)");
+  serve_cmd->add_option("--tls-cert", daemon.tls.cert, "Client certificate (mutual TLS)");
+  serve_cmd->add_option("--tls-key", daemon.tls.key, "Client key (mutual TLS)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -193,13 +267,14 @@ int main(int argc, char** argv) {
   if (*train_cmd && nproc > 1) return LaunchLocalRanks(nproc, argc, argv);
 
   LoggingOptions logging;
-  logging.role = "student";
+  logging.role = *serve_cmd ? "student-daemon" : "student";
   logging.level = log_level;
   logging.rank = EnvInt("RANK", -1);
   if (!InitLogging(logging)) {
     std::cerr << "specstream-student: unknown --log-level \"" << log_level << "\"\n";
     return 2;
   }
+  if (*serve_cmd) return ExitCode(RunServe(std::move(serve)));
   if (*train_cmd) return ExitCode(Train(config_path, resume, -1));
   if (*export_cmd) return ExitCode(ExportCheckpoint(export_checkpoint, export_out));
   if (*eval_cmd) {

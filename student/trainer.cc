@@ -164,6 +164,7 @@ absl::Status Trainer::Init() {
     online.rank = rank_;
     online.in_flight = c.in_flight;
     online.transport = c.transport;
+    online.token = c.job_token;
     if (!c.ledger_dir.empty()) {
       std::error_code error;
       std::filesystem::create_directories(c.ledger_dir, error);
@@ -551,6 +552,7 @@ void Trainer::Log(const StepMetrics& m) {
   }
   if (!config_.metrics_jsonl.empty()) {
     nlohmann::json line = {{"step", m.step},
+                           {"total_steps", total_steps_},
                            {"loss", m.loss},
                            {"loss_k", m.loss_k},
                            {"acc_k", m.acc_k},

@@ -39,6 +39,7 @@ struct TrainerConfig {
   int64_t in_flight = 8;           // samples outstanding per teacher stream
   std::string transport = "auto";  // auto | inline | shm (OnlineSourceOptions)
   std::string ledger_dir;          // ledger-rank<r>.jsonl of trained samples; empty: none
+  std::string job_token;           // bearer token for teacher streams (coordinator jobs)
   std::string target_dir;          // target checkpoint (embeddings, lm_head, config)
   std::string vocab_map;           // map file, or empty to build one of draft_vocab_size
   int64_t draft_vocab_size = 0;

@@ -13,15 +13,21 @@
 #include <iostream>
 #include <string>
 
+#include <filesystem>
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+
 #include "common/file.h"
+#include "common/grpc_auth.h"
 #include "common/logging.h"
+#include "common/metrics_http.h"
+#include "common/shm_ring.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "services/registration.h"
 #include "teacher/dump.h"
 #include "teacher/init_random.h"
 #include "teacher/teacher_service.h"
@@ -146,7 +152,32 @@ struct ServeFlags {
   int64_t batch_tokens = 8192;
   int64_t chunk_kib = 1024;
   double shutdown_timeout_s = 30;
+  // Under a coordinator (docs/operations.md): register, heartbeat, and serve
+  // streams only to the tokens of running jobs.
+  std::string coordinator;
+  std::string name;        // default: <advertised host>:<port>
+  std::string model_name;  // a short name jobs may use as model.target
+  std::string advertise;   // host students dial; default --host, or the hostname for 0.0.0.0
+  std::string token_file;
+  std::string tls_ca;
+  int metrics_port = -1;
+  std::string metrics_port_file;
 };
+
+// Prometheus gauges and counters from the service's stats, refreshed at each
+// scrape.
+void ExportTeacherMetrics(const TeacherService::Stats& stats, TeacherService::Stats& last,
+                          MetricsRegistry& registry) {
+  registry.AddCounter("specstream_teacher_streams_total", "Sample streams accepted", {},
+                      static_cast<double>(stats.streams - last.streams));
+  registry.AddCounter("specstream_teacher_samples_sent_total", "Samples sent", {},
+                      static_cast<double>(stats.samples_sent - last.samples_sent));
+  registry.AddCounter("specstream_teacher_sample_errors_total", "SampleErrors sent", {},
+                      static_cast<double>(stats.sample_errors - last.sample_errors));
+  registry.AddCounter("specstream_teacher_forward_calls_total", "Target forward calls", {},
+                      static_cast<double>(stats.forward_calls - last.forward_calls));
+  last = stats;
+}
 
 absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   if (serve.shutdown_timeout_s < 0) {
@@ -171,10 +202,54 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   options.service.max_tokens = serve.max_tokens;
   options.service.max_batch_tokens = serve.batch_tokens;
   options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
+  services::JobTokenSet job_tokens;
+  std::unique_ptr<services::Registration> registration;
+  if (!serve.coordinator.empty()) {
+    options.service.authorize = [&job_tokens, &registration](const std::string& token) {
+      return job_tokens.Admit(token, registration.get(), absl::Seconds(3));
+    };
+  }
   ASSIGN_OR_RETURN(auto server, TeacherServer::Start(launched->runtime(), options));
   std::cout << "listening on " << server->address() << std::endl;
   if (!serve.port_file.empty()) {
     RETURN_IF_ERROR(WriteFileAtomically(serve.port_file, absl::StrCat(server->port(), "\n")));
+  }
+
+  MetricsRegistry metrics;
+  TeacherService::Stats last_stats;
+  metrics.AddCollector([&server, &last_stats](MetricsRegistry& r) {
+    ExportTeacherMetrics(server->service().stats(), last_stats, r);
+  });
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (serve.metrics_port >= 0) {
+    ASSIGN_OR_RETURN(metrics_server,
+                     MetricsHttpServer::Start(
+                         {.host = serve.host, .port = serve.metrics_port, .registry = &metrics}));
+    if (!serve.metrics_port_file.empty()) {
+      RETURN_IF_ERROR(
+          WriteFileAtomically(serve.metrics_port_file, absl::StrCat(metrics_server->port(), "\n")));
+    }
+  }
+
+  if (!serve.coordinator.empty()) {
+    services::RegistrationOptions reg;
+    reg.coordinator = serve.coordinator;
+    ASSIGN_OR_RETURN(reg.token, LoadToken(serve.token_file));
+    reg.tls.ca = serve.tls_ca;
+    std::string host = serve.advertise;
+    if (host.empty()) host = serve.host == "0.0.0.0" ? LocalHostname() : serve.host;
+    const std::string address = absl::StrCat(host, ":", server->port());
+    reg.info.set_name(serve.name.empty() ? address : serve.name);
+    reg.info.set_kind(v1::DAEMON_KIND_TEACHER);
+    reg.info.set_address(address);
+    reg.info.set_host(host);
+    for (absl::string_view device : absl::StrSplit(flags.devices, ',', absl::SkipEmpty())) {
+      reg.info.add_devices(std::string(device));
+    }
+    reg.info.set_model(std::filesystem::absolute(flags.model).lexically_normal().string());
+    reg.info.set_model_name(serve.model_name);
+    reg.on_reply = [&job_tokens](const v1::HeartbeatResponse& reply) { job_tokens.Replace(reply); };
+    ASSIGN_OR_RETURN(registration, services::Registration::Start(std::move(reg)));
   }
 
   unsigned char signal_number = 0;
@@ -182,6 +257,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   }
   SS_LOG_INFO("serve: {} received; draining streams (deadline {} s)", strsignal(signal_number),
               serve.shutdown_timeout_s);
+  registration.reset();
   server->Shutdown(absl::Seconds(serve.shutdown_timeout_s));
   server.reset();
   return launched->Shutdown();
@@ -265,6 +341,21 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--chunk-kib", serve.chunk_kib, "Payload chunk size in KiB");
   serve_cmd->add_option("--shutdown-timeout", serve.shutdown_timeout_s,
                         "Seconds to finish in-flight samples after SIGTERM/SIGINT");
+  serve_cmd->add_option("--coordinator", serve.coordinator,
+                        "Register with this coordinator (host:port) and serve only its "
+                        "running jobs' tokens");
+  serve_cmd->add_option("--name", serve.name, "Daemon name (default: advertised host:port)");
+  serve_cmd->add_option("--model-name", serve.model_name,
+                        "Short model name jobs may give as model.target");
+  serve_cmd->add_option("--advertise", serve.advertise,
+                        "Host students dial (default: --host; the hostname for 0.0.0.0)");
+  serve_cmd->add_option("--token-file", serve.token_file,
+                        "Coordinator bearer token (else $SPECSTREAM_TOKEN)");
+  serve_cmd->add_option("--tls-ca", serve.tls_ca, "PEM CA to verify a TLS coordinator");
+  serve_cmd->add_option("--metrics-port", serve.metrics_port,
+                        "Prometheus /metrics HTTP port (0: any free one; default off)");
+  serve_cmd->add_option("--metrics-port-file", serve.metrics_port_file,
+                        "Write the metrics port here");
 
   WorkerOptions worker;
   std::string worker_capture;

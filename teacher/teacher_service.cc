@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/payload.h"
@@ -198,11 +199,12 @@ class TeacherService::Stream final
  public:
   Stream(TeacherService* service, std::string peer) : service_(service), peer_(std::move(peer)) {}
 
-  // Starts reading, or refuses the call when the service is draining.
-  void Begin(bool draining) {
+  // Starts reading, or refuses the call with `refusal` (draining, not
+  // authorized).
+  void Begin(const absl::Status& refusal) {
     absl::MutexLock lock(&mu_);
-    if (draining) {
-      EndLocked(absl::UnavailableError("the teacher is shutting down"));
+    if (!refusal.ok()) {
+      EndLocked(refusal);
       PumpLocked();
       return;
     }
@@ -792,7 +794,13 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TeacherService::Str
     absl::MutexLock lock(&stats_mu_);
     ++stats_.streams;
   }
-  stream->Begin(draining);
+  absl::Status refusal;
+  if (draining) {
+    refusal = absl::UnavailableError("the teacher is shutting down");
+  } else if (options_.authorize) {
+    refusal = options_.authorize(BearerToken(*context).value_or(""));
+  }
+  stream->Begin(refusal);
   return stream.get();
 }
 

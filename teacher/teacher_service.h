@@ -82,6 +82,12 @@ struct TeacherServiceOptions {
   // in production (and then payloads are sent from the tensors without
   // packing them first).
   std::function<void(int64_t sample_id, std::string& payload)> corrupt_payload_for_testing;
+  // Who may open a sample stream: called on a gRPC thread with the bearer
+  // token the student sent ("" when none) before the stream starts; a
+  // non-OK status (e.g. UNAUTHENTICATED) ends the stream with it. Unset:
+  // everyone. A teacher daemon under a coordinator admits the tokens of
+  // running jobs. May block briefly (it runs once per stream).
+  std::function<absl::Status(const std::string& bearer_token)> authorize;
 };
 
 class TeacherService final

@@ -1,0 +1,91 @@
+// Prometheus metrics: a registry of gauges and counters rendered in the text
+// exposition format (version 0.0.4), served over HTTP at /metrics by a small
+// HTTP/1.1 server (also /healthz -> "ok"). Every daemon runs one.
+//
+//   MetricsRegistry registry;
+//   registry.SetGauge("specstream_jobs", "Jobs by state", {{"state", "running"}}, 2);
+//   registry.AddCounter("specstream_samples_served_total", "Samples sent", {}, 1);
+//   auto server = MetricsHttpServer::Start({.port = 0, .registry = &registry});
+//
+// Thread-safe. Collectors run on the serving thread at each scrape, outside
+// the registry's lock, so they may call Set/Add.
+#ifndef SPECSTREAM_COMMON_METRICS_HTTP_H_
+#define SPECSTREAM_COMMON_METRICS_HTTP_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace specstream {
+
+using MetricLabels = std::vector<std::pair<std::string, std::string>>;
+
+class MetricsRegistry final {
+ public:
+  MetricsRegistry();
+  ~MetricsRegistry();
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  // A metric family is created on first use with its help text; names must
+  // match [a-zA-Z_:][a-zA-Z0-9_:]* and label names [a-zA-Z_][a-zA-Z0-9_]*
+  // (not starting "__"); calls with other names, or a repeated label name,
+  // are ignored and logged once. A name used as both a gauge and a counter
+  // keeps its first type. Label order does not matter. Counter deltas must be
+  // >= 0 (others are ignored and logged once).
+  void SetGauge(absl::string_view name, absl::string_view help, const MetricLabels& labels,
+                double value);
+  void AddCounter(absl::string_view name, absl::string_view help, const MetricLabels& labels,
+                  double delta);
+  // Drops every series of a gauge family (e.g. before re-filling per-state
+  // gauges in a collector).
+  void ClearGauge(absl::string_view name);
+
+  // Runs before each Render, in the order added. A collector may call the
+  // setters above but not Render.
+  void AddCollector(std::function<void(MetricsRegistry&)> collector);
+
+  // The exposition text: families sorted by name, each with # HELP and
+  // # TYPE lines, series sorted by labels, label values escaped. Families
+  // with no series (e.g. a cleared gauge) are left out. Concurrent calls are
+  // serialized, collectors included.
+  std::string Render();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+struct MetricsHttpOptions {
+  std::string host = "0.0.0.0";
+  int port = 0;                         // 0: any free port (see port())
+  MetricsRegistry* registry = nullptr;  // required; must outlive the server
+};
+
+class MetricsHttpServer final {
+ public:
+  // Binds and starts the serving thread. A missing registry or a port out of
+  // range is InvalidArgument; bind failures are Unavailable naming host:port.
+  // Each connection carries one request (Connection: close) and gets 5 s to
+  // send it; connections are served one at a time.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(MetricsHttpOptions options);
+  ~MetricsHttpServer();  // stops and joins
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  int port() const;
+
+ private:
+  struct Impl;
+  explicit MetricsHttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specstream
+
+#endif  // SPECSTREAM_COMMON_METRICS_HTTP_H_

@@ -1,0 +1,183 @@
+// `specstream-coordinator`: the job store, scheduler and daemon registry.
+//
+//   specstream-coordinator --port P --db FILE [--host H] [--port-file F]
+//       [--token-file F] [--tls-cert F --tls-key F [--tls-client-ca F]]
+//       [--metrics-port M] [--metrics-port-file F]
+//       [--heartbeat-ms MS] [--lost-after-s S]
+//
+// Serves JobService, RegistryService, the gRPC health service and reflection
+// until SIGTERM/SIGINT; jobs live in the SQLite file, so a restarted
+// coordinator picks up where it left off.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/file.h"
+#include "common/grpc_auth.h"
+#include "common/logging.h"
+#include "common/metrics_http.h"
+#include "common/status.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "services/coordinator_service.h"
+#include "services/job_store.h"
+#include "services/scheduler.h"
+
+namespace {
+
+using namespace specstream;            // NOLINT(build/namespaces): a main file
+using namespace specstream::services;  // NOLINT(build/namespaces)
+
+// SIGTERM/SIGINT become one byte on this pipe; main waits on it.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnShutdownSignal(int signal_number) {
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  if (write(g_signal_pipe[1], &byte, 1) < 0) {
+    // The pipe already holds a signal; that suffices.
+  }
+}
+
+struct Flags {
+  std::string host = "0.0.0.0";
+  int port = 0;
+  std::string port_file;
+  std::string db;
+  std::string token_file;
+  TlsServerFiles tls;
+  int metrics_port = -1;
+  std::string metrics_port_file;
+  int heartbeat_ms = 1000;
+  double lost_after_s = 10;
+};
+
+absl::Status Run(const Flags& flags) {
+  if (flags.heartbeat_ms <= 0) return absl::InvalidArgumentError("--heartbeat-ms: must be > 0");
+  if (flags.lost_after_s * 1000 <= flags.heartbeat_ms) {
+    return absl::InvalidArgumentError("--lost-after-s: must exceed the heartbeat interval");
+  }
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", "coordinator");
+  signal(SIGTERM, OnShutdownSignal);
+  signal(SIGINT, OnShutdownSignal);
+
+  ASSIGN_OR_RETURN(std::string token, LoadToken(flags.token_file));
+  ASSIGN_OR_RETURN(auto credentials, MakeServerCredentials(flags.tls));
+  ASSIGN_OR_RETURN(auto store, JobStore::Open(flags.db));
+  SchedulerOptions options;
+  options.store = store.get();
+  options.heartbeat_interval = absl::Milliseconds(flags.heartbeat_ms);
+  options.lost_after = absl::Seconds(flags.lost_after_s);
+  ASSIGN_OR_RETURN(auto scheduler, Scheduler::Create(options));
+
+  JobServiceImpl jobs(scheduler.get(), token);
+  RegistryServiceImpl registry(scheduler.get(), token);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port), credentials, &port);
+  builder.RegisterService(&jobs);
+  builder.RegisterService(&registry);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", flags.host, ":", flags.port));
+  }
+
+  MetricsRegistry metrics;
+  metrics.AddCollector([&scheduler](MetricsRegistry& r) { scheduler->Collect(r); });
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (flags.metrics_port >= 0) {
+    ASSIGN_OR_RETURN(metrics_server,
+                     MetricsHttpServer::Start(
+                         {.host = flags.host, .port = flags.metrics_port, .registry = &metrics}));
+    if (!flags.metrics_port_file.empty()) {
+      RETURN_IF_ERROR(
+          WriteFileAtomically(flags.metrics_port_file, absl::StrCat(metrics_server->port(), "\n")));
+    }
+  }
+
+  // The scheduler's clock: lost daemons, attempt decisions, queued jobs.
+  absl::Notification stop_ticking;
+  std::thread ticker([&] {
+    const absl::Duration period = absl::Milliseconds(std::max(flags.heartbeat_ms / 2, 50));
+    while (!stop_ticking.WaitForNotificationWithTimeout(period)) scheduler->Tick();
+  });
+
+  SS_LOG_INFO("coordinator listening on {}:{} (db {}, auth {}, tls {})", flags.host, port, flags.db,
+              token.empty() ? "off" : "bearer token", flags.tls.cert.empty() ? "off" : "on");
+  std::cout << "listening on " << flags.host << ":" << port << std::endl;
+  if (!flags.port_file.empty()) {
+    RETURN_IF_ERROR(WriteFileAtomically(flags.port_file, absl::StrCat(port, "\n")));
+  }
+
+  unsigned char signal_number = 0;
+  while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
+  }
+  SS_LOG_INFO("coordinator: {} received; stopping", strsignal(signal_number));
+  stop_ticking.Notify();
+  ticker.join();
+  jobs.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"SpecStream coordinator: job store, scheduler and daemon registry"};
+  Flags flags;
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+  app.add_option("--host", flags.host, "Listening address (default 0.0.0.0)");
+  app.add_option("--port", flags.port, "gRPC port; 0 picks a free one")->required();
+  app.add_option("--port-file", flags.port_file, "Write the bound port here once listening");
+  app.add_option("--db", flags.db, "SQLite job database (created if absent; WAL mode)")->required();
+  app.add_option("--token-file", flags.token_file,
+                 "Bearer token clients and daemons must present (else $SPECSTREAM_TOKEN; "
+                 "neither: no auth)");
+  app.add_option("--tls-cert", flags.tls.cert, "PEM server certificate (enables TLS)");
+  app.add_option("--tls-key", flags.tls.key, "PEM server private key");
+  app.add_option("--tls-client-ca", flags.tls.client_ca,
+                 "PEM CA bundle: require client certificates signed by it");
+  app.add_option("--metrics-port", flags.metrics_port,
+                 "Prometheus /metrics HTTP port (0: any free one; default off)");
+  app.add_option("--metrics-port-file", flags.metrics_port_file, "Write the metrics port here");
+  app.add_option("--heartbeat-ms", flags.heartbeat_ms, "Heartbeat interval daemons use");
+  app.add_option("--lost-after-s", flags.lost_after_s,
+                 "Seconds without a heartbeat before a daemon counts as lost");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  specstream::LoggingOptions logging;
+  logging.role = "coordinator";
+  logging.level = log_level;
+  if (!specstream::InitLogging(logging)) {
+    std::cerr << "specstream-coordinator: unknown --log-level \"" << log_level << "\"\n";
+    return 2;
+  }
+  absl::Status status = Run(flags);
+  if (status.ok()) return 0;
+  std::cerr << "specstream-coordinator: " << status.message() << "\n";
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return 2;
+    case absl::StatusCode::kUnavailable:
+      return 3;
+    default:
+      return 1;
+  }
+}

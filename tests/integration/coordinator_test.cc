@@ -1,0 +1,378 @@
+// Jobs through the coordinator, as users run them: a `specstream-coordinator`,
+// a `specstream-teacher serve --coordinator` and `specstream-student serve
+// --coordinator` daemons on loopback, and the `specstream` CLI. Covers the
+// lifecycle, auth, the CLI's exit codes, a coordinator killed and restarted
+// mid-job, and a student daemon killed mid-job (restart from checkpoint).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/testing.h"
+
+namespace specstream {
+namespace {
+
+constexpr char kToken[] = "test-token-0123456789";
+
+// GET http://127.0.0.1:port/path; the whole response ("" when unreachable).
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  if (write(fd, request.data(), request.size()) < 0) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  char buffer[4096];
+  ssize_t n = 0;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  close(fd);
+  return response;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::WriteFile(dir_.Join("token"), std::string(kToken) + "\n");
+    ASSERT_EQ(RunTool(SPECSTREAM_TEACHER_PATH,
+                      "init-random --arch llama --layers 8 --hidden 32 --heads 4 --kv-heads 2 "
+                      "--intermediate 64 --vocab 256 --dtype float32 --out " +
+                          dir_.Join("target")),
+              0);
+    std::string data;
+    for (int i = 0; i < 32; ++i) {
+      std::string ids;
+      for (int t = 0; t < 24 + i % 8; ++t) {
+        ids += (t ? "," : "") + std::to_string((i * 31 + t * 17) % 256);
+      }
+      data += "{\"input_ids\":[" + ids + "]}\n";
+    }
+    testing::WriteFile(dir_.Join("data.jsonl"), data);
+  }
+
+  void TearDown() override {
+    for (auto& [name, pid] : pids_) {
+      if (pid > 0) kill(pid, SIGKILL);
+    }
+    for (auto& [name, pid] : pids_) {
+      if (pid > 0) waitpid(pid, nullptr, 0);
+    }
+  }
+
+  int RunTool(const std::string& binary, const std::string& args) {
+    const std::string command = binary + " " + args + " >" + dir_.Join("tool.out") + " 2>&1";
+    const int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  // Starts `binary args` in the background with output in <name>.log.
+  void Spawn(const std::string& name, const std::string& binary, const std::string& args) {
+    const std::string log = dir_.Join(name + ".log");
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const std::string command = "exec " + binary + " " + args + " >>" + log + " 2>&1";
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids_[name] = pid;
+  }
+
+  void Kill(const std::string& name, int signal_number) {
+    const pid_t pid = pids_[name];
+    ASSERT_GT(pid, 0) << name;
+    kill(pid, signal_number);
+    waitpid(pid, nullptr, 0);
+    pids_[name] = 0;
+  }
+
+  std::string Log(const std::string& name) { return testing::ReadFile(dir_.Join(name + ".log")); }
+
+  // Waits for a port file and returns its number.
+  int WaitForPort(const std::string& file, const std::string& log_name) {
+    for (int i = 0; i < 600; ++i) {
+      if (std::filesystem::exists(file)) {
+        const std::string text = testing::ReadFile(file);
+        if (!text.empty()) return std::stoi(text);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "no port in " << file << ":\n" << Log(log_name);
+    return 0;
+  }
+
+  void StartCoordinator(int port = 0) {
+    std::filesystem::remove(dir_.Join("coordinator.port"));
+    Spawn("coordinator", SPECSTREAM_COORDINATOR_PATH,
+          "--host 127.0.0.1 --port " + std::to_string(port) + " --port-file " +
+              dir_.Join("coordinator.port") + " --db " + dir_.Join("jobs.db") + " --token-file " +
+              dir_.Join("token") +
+              " --heartbeat-ms 200 --lost-after-s 3 --metrics-port 0 --metrics-port-file " +
+              dir_.Join("coordinator.metrics"));
+    coordinator_port_ = WaitForPort(dir_.Join("coordinator.port"), "coordinator");
+    address_ = "127.0.0.1:" + std::to_string(coordinator_port_);
+  }
+
+  void StartTeacher() {
+    Spawn("teacher", SPECSTREAM_TEACHER_PATH,
+          "serve --model " + dir_.Join("target") +
+              " --devices cpu --port 0 --keep-target-ids --port-file " + dir_.Join("teacher.port") +
+              " --coordinator " + address_ + " --token-file " + dir_.Join("token"));
+    WaitForPort(dir_.Join("teacher.port"), "teacher");
+  }
+
+  void StartStudent(const std::string& name) {
+    Spawn(name, SPECSTREAM_STUDENT_PATH,
+          "serve --coordinator " + address_ + " --name " + name + " --port 0 --port-file " +
+              dir_.Join(name + ".port") + " --metrics-port 0 --metrics-port-file " +
+              dir_.Join(name + ".metrics") + " --workdir " + dir_.Join("work-" + name) +
+              " --token-file " + dir_.Join("token"));
+    WaitForPort(dir_.Join(name + ".port"), name);
+  }
+
+  // Runs the CLI against the coordinator; stdout and stderr are kept.
+  int Cli(const std::string& args, bool with_token = true) {
+    std::string env = "SPECSTREAM_ADDRESS=" + address_ + " ";
+    env += with_token ? std::string("SPECSTREAM_TOKEN=") + kToken + " " : "SPECSTREAM_TOKEN= ";
+    const std::string command = env + SPECSTREAM_CLI_PATH + " " + args + " >" +
+                                dir_.Join("cli.out") + " 2>" + dir_.Join("cli.err");
+    const int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  std::string CliOut() { return testing::ReadFile(dir_.Join("cli.out")); }
+  std::string CliErr() { return testing::ReadFile(dir_.Join("cli.err")); }
+
+  nlohmann::json Status(const std::string& id) {
+    EXPECT_EQ(Cli("status " + id + " -o json"), 0) << CliErr();
+    return nlohmann::json::parse(CliOut(), nullptr, false);
+  }
+
+  // Polls until `predicate(status json)` holds or the timeout passes.
+  bool WaitFor(const std::string& id, const std::function<bool(const nlohmann::json&)>& predicate,
+               int seconds) {
+    for (int i = 0; i < seconds * 5; ++i) {
+      if (Cli("status " + id + " -o json") == 0) {
+        auto job = nlohmann::json::parse(CliOut(), nullptr, false);
+        if (!job.is_discarded() && predicate(job)) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return false;
+  }
+
+  static int64_t Step(const nlohmann::json& job) {
+    if (!job.contains("metrics") || !job["metrics"].contains("step")) return 0;
+    const auto& step = job["metrics"]["step"];
+    return step.is_string() ? std::stoll(step.get<std::string>()) : step.get<int64_t>();
+  }
+
+  std::string OnlineJob(const std::string& name, int dp, int steps, int checkpoint_every,
+                        const std::string& extra = "") {
+    return "name: " + name + "\ndata:\n  tokenized: " + dir_.Join("data.jsonl") +
+           "\nmodel:\n  target: " + dir_.Join("target") +
+           "\n  draft:\n    draft_vocab_size: 64\n"
+           "optimizer:\n  lr: 3.0e-3\n  warmup_steps: 2\n"
+           "training:\n  max_steps: " +
+           std::to_string(steps) +
+           "\n  batch_size: 2\n  ttt_steps: 3\n  dtype: float32\n"
+           "checkpoint:\n  dir: " +
+           dir_.Join("ckpt-" + name) + "\n  every_steps: " + std::to_string(checkpoint_every) +
+           "\nexport:\n  dir: " + dir_.Join("export-" + name) +
+           "\nparallel:\n  dp_size: " + std::to_string(dp) + "\n" + extra;
+  }
+
+  testing::TempDir dir_;
+  std::map<std::string, pid_t> pids_;
+  int coordinator_port_ = 0;
+  std::string address_;
+};
+
+// Submit, follow to the end, then inspect the job with every read command;
+// the daemons expose /metrics.
+TEST_F(CoordinatorTest, JobEndToEndThroughTheCli) {
+  StartCoordinator();
+  StartTeacher();
+  StartStudent("s0");
+  StartStudent("s1");
+  testing::WriteFile(dir_.Join("job.yaml"), OnlineJob("e2e", 2, 8, 4));
+  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id e2e-1 --follow"), 0)
+      << CliOut() << CliErr() << Log("coordinator") << Log("s0") << Log("s1");
+  EXPECT_NE(CliOut().find("[rank 0]"), std::string::npos) << CliOut();
+  EXPECT_NE(CliOut().find("step 8/8"), std::string::npos) << CliOut();
+
+  nlohmann::json job = Status("e2e-1");
+  EXPECT_EQ(job["state"], "JOB_STATE_SUCCEEDED") << job.dump();
+  EXPECT_EQ(Step(job), 8) << job.dump();
+  EXPECT_EQ(job["ranks"].size(), 2u);
+  EXPECT_TRUE(std::filesystem::exists(dir_.Join("export-e2e/model.safetensors")));
+
+  ASSERT_EQ(Cli("list"), 0) << CliErr();
+  EXPECT_NE(CliOut().find("e2e-1"), std::string::npos) << CliOut();
+  ASSERT_EQ(Cli("logs e2e-1"), 0) << CliErr();
+  EXPECT_NE(CliOut().find("step 8/8"), std::string::npos) << CliOut();
+  ASSERT_EQ(Cli("wait e2e-1"), 0) << CliErr();
+
+  const int coordinator_metrics = std::stoi(testing::ReadFile(dir_.Join("coordinator.metrics")));
+  const std::string scrape = HttpGet(coordinator_metrics, "/metrics");
+  EXPECT_NE(scrape.find("specstream_coordinator_daemons{kind=\"student\",state=\"idle\"} 2"),
+            std::string::npos)
+      << scrape;
+  const int student_metrics = std::stoi(testing::ReadFile(dir_.Join("s0.metrics")));
+  EXPECT_NE(HttpGet(student_metrics, "/metrics").find("specstream_student_daemon"),
+            std::string::npos);
+}
+
+// Auth, bad input and every exit code of the job commands.
+TEST_F(CoordinatorTest, AuthErrorsAndExitCodes) {
+  StartCoordinator();
+  testing::WriteFile(dir_.Join("job.yaml"), OnlineJob("codes", 4, 8, 4));
+
+  EXPECT_EQ(Cli("list", /*with_token=*/false), 3);
+  EXPECT_NE(CliErr().find("unauthenticated"), std::string::npos) << CliErr();
+  {
+    const std::string command = "SPECSTREAM_ADDRESS=" + address_ + " SPECSTREAM_TOKEN=wrong " +
+                                SPECSTREAM_CLI_PATH + " list >/dev/null 2>" + dir_.Join("cli.err");
+    const int status = std::system(command.c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 3) << CliErr();
+  }
+
+  testing::WriteFile(dir_.Join("bad.yaml"),
+                     OnlineJob("bad", 1, 8, 4, "optimizer_typo:\n  lr: 1\n"));
+  EXPECT_EQ(Cli("submit " + dir_.Join("bad.yaml")), 2);
+  EXPECT_NE(CliErr().find("optimizer_typo"), std::string::npos) << CliErr();
+  std::string negative = OnlineJob("neg", 1, 8, 4);
+  negative.replace(negative.find("lr: 3.0e-3"), 10, "lr: -1");
+  testing::WriteFile(dir_.Join("neg.yaml"), negative);
+  EXPECT_EQ(Cli("submit " + dir_.Join("neg.yaml")), 2);
+  EXPECT_NE(CliErr().find("optimizer.lr"), std::string::npos) << CliErr();
+  EXPECT_EQ(Cli("submit " + dir_.Join("missing.yaml")), 2);
+  EXPECT_EQ(Cli("frobnicate"), 2);
+
+  EXPECT_EQ(Cli("status no-such-job"), 4);
+  EXPECT_EQ(Cli("logs no-such-job"), 4);
+  EXPECT_EQ(Cli("wait no-such-job"), 4);
+  EXPECT_EQ(Cli("stop no-such-job"), 4);
+
+  // No student daemons: the job queues, and a bounded wait times out.
+  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id codes-1"), 0) << CliErr();
+  EXPECT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id codes-1"), 2);  // id taken
+  EXPECT_NE(CliErr().find("already exists"), std::string::npos) << CliErr();
+  nlohmann::json job = Status("codes-1");
+  EXPECT_EQ(job["state"], "JOB_STATE_QUEUED");
+  EXPECT_NE(job["reason"].get<std::string>().find("waiting for 4 free student daemons"),
+            std::string::npos)
+      << job.dump();
+  EXPECT_EQ(Cli("wait codes-1 --timeout 1"), 124);
+  ASSERT_EQ(Cli("stop codes-1"), 0) << CliErr();
+  EXPECT_EQ(Status("codes-1")["state"], "JOB_STATE_STOPPED");
+  EXPECT_EQ(Cli("wait codes-1"), 1);
+
+  // Unreachable coordinator.
+  Kill("coordinator", SIGKILL);
+  EXPECT_EQ(Cli("list --timeout 2"), 3);
+}
+
+// A job that fails in its ranks ends FAILED with the rank's error, and a
+// teacher under a coordinator refuses streams without a running job's token.
+TEST_F(CoordinatorTest, FailingJobAndTeacherTokens) {
+  StartCoordinator();
+  StartTeacher();
+  StartStudent("s0");
+  // The ranks cannot read their data.
+  std::string broken = OnlineJob("broken", 1, 8, 4);
+  broken.replace(broken.find(dir_.Join("data.jsonl")), dir_.Join("data.jsonl").size(),
+                 dir_.Join("nowhere.jsonl"));
+  testing::WriteFile(dir_.Join("broken.yaml"), broken);
+  EXPECT_EQ(Cli("submit " + dir_.Join("broken.yaml") + " --id broken-1 --wait"), 1)
+      << CliOut() << CliErr();
+  nlohmann::json job = Status("broken-1");
+  EXPECT_EQ(job["state"], "JOB_STATE_FAILED");
+  EXPECT_NE(job["reason"].get<std::string>().find("nowhere.jsonl"), std::string::npos)
+      << job.dump();
+
+  // A rank started by hand, without a job token, is refused by the teacher.
+  const int teacher_port = std::stoi(testing::ReadFile(dir_.Join("teacher.port")));
+  std::string direct = OnlineJob("direct", 0, 4, 4);
+  direct.replace(direct.find("  tokenized:"), 0,
+                 "  teachers: [\"127.0.0.1:" + std::to_string(teacher_port) + "\"]\n");
+  testing::WriteFile(dir_.Join("direct.yaml"), direct);
+  EXPECT_NE(RunTool(SPECSTREAM_STUDENT_PATH, "train --config " + dir_.Join("direct.yaml")), 0);
+  EXPECT_NE(testing::ReadFile(dir_.Join("tool.out")).find("token"), std::string::npos)
+      << testing::ReadFile(dir_.Join("tool.out"));
+}
+
+// kill -9 the coordinator mid-job and start it again on the same database:
+// the job, its state and its daemons come back, and it finishes.
+TEST_F(CoordinatorTest, CoordinatorRestartedMidJob) {
+  StartCoordinator();
+  StartTeacher();
+  StartStudent("s0");
+  StartStudent("s1");
+  testing::WriteFile(dir_.Join("job.yaml"), OnlineJob("restart", 2, 120, 10));
+  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id coord-1"), 0) << CliErr();
+  ASSERT_TRUE(WaitFor(
+      "coord-1", [](const nlohmann::json& job) { return Step(job) >= 2; }, 120))
+      << Log("coordinator") << Log("s0");
+  Kill("coordinator", SIGKILL);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  StartCoordinator(coordinator_port_);
+  EXPECT_EQ(Status("coord-1")["state"], "JOB_STATE_RUNNING");
+  ASSERT_EQ(Cli("wait coord-1 --timeout 300"), 0)
+      << CliErr() << Log("coordinator") << Log("s0") << Log("s1");
+  nlohmann::json job = Status("coord-1");
+  EXPECT_EQ(job["state"], "JOB_STATE_SUCCEEDED") << job.dump();
+  EXPECT_EQ(job.value("attempt", 0), 0) << job.dump();  // no restart was needed
+  EXPECT_EQ(Step(job), 120);
+}
+
+// kill -9 a student daemon mid-job (its rank dies with it): the job restarts
+// from its latest checkpoint on the free daemon and finishes.
+TEST_F(CoordinatorTest, StudentDaemonKilledMidJob) {
+  StartCoordinator();
+  StartTeacher();
+  StartStudent("s0");
+  StartStudent("s1");
+  StartStudent("s2");
+  testing::WriteFile(dir_.Join("job.yaml"), OnlineJob("lost", 2, 120, 5));
+  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id lost-1"), 0) << CliErr();
+  ASSERT_TRUE(WaitFor(
+      "lost-1", [](const nlohmann::json& job) { return Step(job) >= 10; }, 120))
+      << Log("coordinator");
+  nlohmann::json job = Status("lost-1");
+  const std::string victim = job["ranks"][1]["daemon_id"];
+  Kill(victim, SIGKILL);
+  ASSERT_EQ(Cli("wait lost-1 --timeout 300"), 0)
+      << CliErr() << Log("coordinator") << Log("s0") << Log("s1") << Log("s2");
+  job = Status("lost-1");
+  EXPECT_EQ(job["state"], "JOB_STATE_SUCCEEDED") << job.dump();
+  EXPECT_EQ(job.value("attempt", 0), 1) << job.dump();
+  EXPECT_EQ(Step(job), 120);
+  for (const auto& rank : job["ranks"]) EXPECT_NE(rank["daemon_id"], victim);
+  ASSERT_EQ(Cli("logs lost-1"), 0);
+  EXPECT_NE(CliOut().find("resume: continuing from step"), std::string::npos) << CliOut();
+}
+
+}  // namespace
+}  // namespace specstream
