@@ -123,32 +123,32 @@ class CoordinatorTest : public ::testing::Test {
     return 0;
   }
 
-  void StartCoordinator(int port = 0) {
+  void StartCoordinator(int port = 0, const std::string& extra = "") {
     std::filesystem::remove(dir_.Join("coordinator.port"));
     Spawn("coordinator", SPECSTREAM_COORDINATOR_PATH,
           "--host 127.0.0.1 --port " + std::to_string(port) + " --port-file " +
               dir_.Join("coordinator.port") + " --db " + dir_.Join("jobs.db") + " --token-file " +
               dir_.Join("token") +
               " --heartbeat-ms 200 --lost-after-s 3 --metrics-port 0 --metrics-port-file " +
-              dir_.Join("coordinator.metrics"));
+              dir_.Join("coordinator.metrics") + " " + extra);
     coordinator_port_ = WaitForPort(dir_.Join("coordinator.port"), "coordinator");
     address_ = "127.0.0.1:" + std::to_string(coordinator_port_);
   }
 
-  void StartTeacher() {
+  void StartTeacher(const std::string& extra = "") {
     Spawn("teacher", SPECSTREAM_TEACHER_PATH,
           "serve --model " + dir_.Join("target") +
               " --devices cpu --port 0 --keep-target-ids --port-file " + dir_.Join("teacher.port") +
-              " --coordinator " + address_ + " --token-file " + dir_.Join("token"));
+              " --coordinator " + address_ + " --token-file " + dir_.Join("token") + " " + extra);
     WaitForPort(dir_.Join("teacher.port"), "teacher");
   }
 
-  void StartStudent(const std::string& name) {
+  void StartStudent(const std::string& name, const std::string& extra = "") {
     Spawn(name, SPECSTREAM_STUDENT_PATH,
           "serve --coordinator " + address_ + " --name " + name + " --port 0 --port-file " +
               dir_.Join(name + ".port") + " --metrics-port 0 --metrics-port-file " +
               dir_.Join(name + ".metrics") + " --workdir " + dir_.Join("work-" + name) +
-              " --token-file " + dir_.Join("token"));
+              " --token-file " + dir_.Join("token") + " " + extra);
     WaitForPort(dir_.Join(name + ".port"), name);
   }
 
@@ -156,7 +156,7 @@ class CoordinatorTest : public ::testing::Test {
   int Cli(const std::string& args, bool with_token = true) {
     std::string env = "SPECSTREAM_ADDRESS=" + address_ + " ";
     env += with_token ? std::string("SPECSTREAM_TOKEN=") + kToken + " " : "SPECSTREAM_TOKEN= ";
-    const std::string command = env + SPECSTREAM_CLI_PATH + " " + args + " >" +
+    const std::string command = env + SPECSTREAM_CLI_PATH + " " + args + cli_extra_ + " >" +
                                 dir_.Join("cli.out") + " 2>" + dir_.Join("cli.err");
     const int status = std::system(command.c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -207,6 +207,7 @@ class CoordinatorTest : public ::testing::Test {
   std::map<std::string, pid_t> pids_;
   int coordinator_port_ = 0;
   std::string address_;
+  std::string cli_extra_;  // appended to every CLI command line
 };
 
 // Submit, follow to the end, then inspect the job with every read command;
@@ -372,6 +373,26 @@ TEST_F(CoordinatorTest, StudentDaemonKilledMidJob) {
   for (const auto& rank : job["ranks"]) EXPECT_NE(rank["daemon_id"], victim);
   ASSERT_EQ(Cli("logs lost-1"), 0);
   EXPECT_NE(CliOut().find("resume: continuing from step"), std::string::npos) << CliOut();
+}
+
+// The coordinator serving TLS only: the CLI and the daemons verify it with
+// --tls-ca, and a job runs; a client without the CA cannot connect.
+TEST_F(CoordinatorTest, TlsCoordinator) {
+  if (!testing::HaveOpenssl()) GTEST_SKIP() << "openssl CLI not found";
+  const std::string error = testing::MakeTestCertificates(dir_.path());
+  ASSERT_EQ(error, "") << error;
+  StartCoordinator(
+      0, "--tls-cert " + dir_.Join("server.pem") + " --tls-key " + dir_.Join("server.key"));
+  const std::string ca = " --tls-ca " + dir_.Join("ca.pem");
+  StartTeacher(ca);
+  StartStudent("s0", ca);
+  EXPECT_EQ(Cli("list --timeout 3"), 3);  // plaintext against TLS
+  cli_extra_ = ca;
+  ASSERT_EQ(Cli("list"), 0) << CliErr();
+  testing::WriteFile(dir_.Join("job.yaml"), OnlineJob("tls", 1, 4, 4));
+  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id tls-1 --wait"), 0)
+      << CliOut() << CliErr() << Log("coordinator") << Log("s0");
+  EXPECT_EQ(Step(Status("tls-1")), 4);
 }
 
 }  // namespace

@@ -61,4 +61,39 @@ bool RunningInCi() {
   return ci != nullptr && std::string(ci) == "true";
 }
 
+bool HaveOpenssl() { return std::system("command -v openssl >/dev/null 2>&1") == 0; }
+
+std::string MakeTestCertificates(const std::string& dir) {
+  WriteFile(dir + "/ca.cnf",
+            "[req]\n"
+            "distinguished_name = dn\n"
+            "prompt = no\n"
+            "[dn]\n"
+            "CN = specstream-test-ca\n"
+            "[v3_ca]\n"
+            "basicConstraints = critical,CA:TRUE\n"
+            "keyUsage = critical,keyCertSign,cRLSign\n"
+            "subjectKeyIdentifier = hash\n");
+  WriteFile(dir + "/server.ext",
+            "subjectAltName = DNS:localhost,IP:127.0.0.1\n"
+            "extendedKeyUsage = serverAuth\n");
+  WriteFile(dir + "/client.ext", "extendedKeyUsage = clientAuth\n");
+  const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const std::string script =
+      "set -e; cd '" + dir + "'; " + "openssl req -x509 -config ca.cnf -extensions v3_ca " + key +
+      " -keyout ca.key -out ca.pem -days 2; " + "openssl req -new -config ca.cnf " + key +
+      " -subj /CN=localhost -keyout server.key -out server.csr; " +
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 2"
+      " -extfile server.ext -out server.pem; " +
+      "openssl req -new -config ca.cnf " + key +
+      " -subj /CN=specstream-test-client -keyout client.key -out client.csr; " +
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -set_serial 3 -days 2"
+      " -extfile client.ext -out client.pem";
+  const std::string log = dir + "/openssl.log";
+  const std::string command = "(" + script + ") >'" + log + "' 2>&1";
+  if (std::system(command.c_str()) == 0) return "";
+  std::string output = ReadFile(log);
+  return output.empty() ? "openssl failed" : output;
+}
+
 }  // namespace specstream::testing

@@ -38,6 +38,14 @@ std::string FixturesDir();
 // True under CI=true: a missing fixture fails instead of skipping.
 bool RunningInCi();
 
+// Whether the openssl CLI is on PATH (TLS tests skip without it).
+bool HaveOpenssl();
+// Writes a test PKI into `dir` with the openssl CLI: ca.pem/ca.key, a server
+// certificate for localhost and 127.0.0.1 (server.pem/server.key) and a
+// client certificate (client.pem/client.key), all signed by the CA, EC P-256,
+// valid 2 days. Returns "" on success, else openssl's output.
+std::string MakeTestCertificates(const std::string& dir);
+
 }  // namespace specstream::testing
 
 #endif  // SPECSTREAM_TESTS_TESTING_TESTING_H_

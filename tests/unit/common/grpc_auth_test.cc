@@ -318,38 +318,9 @@ TEST(BearerTest, EmptyExpectedTokenTurnsAuthOff) {
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (std::system("command -v openssl >/dev/null 2>&1") != 0) {
-      GTEST_SKIP() << "openssl CLI not found";
-    }
-    testing::WriteFile(dir_.Join("ca.cnf"),
-                       "[req]\n"
-                       "distinguished_name = dn\n"
-                       "prompt = no\n"
-                       "[dn]\n"
-                       "CN = specstream-test-ca\n"
-                       "[v3_ca]\n"
-                       "basicConstraints = critical,CA:TRUE\n"
-                       "keyUsage = critical,keyCertSign,cRLSign\n"
-                       "subjectKeyIdentifier = hash\n");
-    testing::WriteFile(dir_.Join("server.ext"),
-                       "subjectAltName = DNS:localhost,IP:127.0.0.1\n"
-                       "extendedKeyUsage = serverAuth\n");
-    testing::WriteFile(dir_.Join("client.ext"), "extendedKeyUsage = clientAuth\n");
-    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-    std::string script =
-        "set -e; cd '" + dir_.path() + "'; " +
-        "openssl req -x509 -config ca.cnf -extensions v3_ca " + key +
-        " -keyout ca.key -out ca.pem -days 2; " + "openssl req -new -config ca.cnf " + key +
-        " -subj /CN=localhost -keyout server.key -out server.csr; " +
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 2"
-        " -extfile server.ext -out server.pem; " +
-        "openssl req -new -config ca.cnf " + key +
-        " -subj /CN=specstream-test-client -keyout client.key -out client.csr; " +
-        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -set_serial 3 -days 2"
-        " -extfile client.ext -out client.pem";
-    std::string command = "(" + script + ") >'" + dir_.Join("openssl.log") + "' 2>&1";
-    ASSERT_EQ(std::system(command.c_str()), 0) << "openssl failed:\n"
-                                               << testing::ReadFile(dir_.Join("openssl.log"));
+    if (!testing::HaveOpenssl()) GTEST_SKIP() << "openssl CLI not found";
+    const std::string error = testing::MakeTestCertificates(dir_.path());
+    ASSERT_EQ(error, "") << "openssl failed:\n" << error;
   }
 
   std::string Path(const std::string& name) const { return dir_.Join(name); }
