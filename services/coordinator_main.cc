@@ -10,6 +10,7 @@
 // coordinator picks up where it left off.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -73,6 +74,14 @@ absl::Status Run(const Flags& flags) {
 
   ASSIGN_OR_RETURN(std::string token, LoadToken(flags.token_file));
   ASSIGN_OR_RETURN(auto credentials, MakeServerCredentials(flags.tls));
+  // One coordinator per database: two would schedule the same jobs twice.
+  const std::string lock_path = flags.db + ".lock";
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) return ErrnoStatus("open", lock_path);
+  if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("--db: another coordinator is using ",
+                                                      flags.db, " (", lock_path, " is locked)"));
+  }
   ASSIGN_OR_RETURN(auto store, JobStore::Open(flags.db));
   SchedulerOptions options;
   options.store = store.get();
@@ -87,6 +96,7 @@ absl::Status Run(const Flags& flags) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port), credentials, &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);  // heartbeats carry buffered log lines
   builder.RegisterService(&jobs);
   builder.RegisterService(&registry);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -107,19 +117,19 @@ absl::Status Run(const Flags& flags) {
     }
   }
 
-  // The scheduler's clock: lost daemons, attempt decisions, queued jobs.
-  absl::Notification stop_ticking;
-  std::thread ticker([&] {
-    const absl::Duration period = absl::Milliseconds(std::max(flags.heartbeat_ms / 2, 50));
-    while (!stop_ticking.WaitForNotificationWithTimeout(period)) scheduler->Tick();
-  });
-
   SS_LOG_INFO("coordinator listening on {}:{} (db {}, auth {}, tls {})", flags.host, port, flags.db,
               token.empty() ? "off" : "bearer token", flags.tls.cert.empty() ? "off" : "on");
   std::cout << "listening on " << flags.host << ":" << port << std::endl;
   if (!flags.port_file.empty()) {
     RETURN_IF_ERROR(WriteFileAtomically(flags.port_file, absl::StrCat(port, "\n")));
   }
+
+  // The scheduler's clock: lost daemons, attempt decisions, queued jobs.
+  absl::Notification stop_ticking;
+  std::thread ticker([&] {
+    const absl::Duration period = absl::Milliseconds(std::max(flags.heartbeat_ms / 2, 50));
+    while (!stop_ticking.WaitForNotificationWithTimeout(period)) scheduler->Tick();
+  });
 
   unsigned char signal_number = 0;
   while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {

@@ -93,7 +93,9 @@ absl::Status RpcError(const grpc::Status& status, absl::string_view what,
       return absl::UnavailableError(
           absl::StrCat("cannot reach the coordinator at ", address, ": ", status.error_message()));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return absl::DeadlineExceededError(
+      // An RPC deadline is the coordinator not answering (exit 3); only a
+      // user's --timeout on a wait is 124 (TimedOut).
+      return absl::UnavailableError(
           absl::StrCat(what, ": no answer from the coordinator at ", address, " in time"));
     default:
       return Annotate(FromGrpcStatus(status), what);

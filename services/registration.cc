@@ -13,6 +13,13 @@
 #include "specstream/v1/coordinator.grpc.pb.h"
 
 namespace specstream::services {
+namespace {
+
+constexpr size_t kMaxPendingLines = 20000;
+// The coordinator accepts heartbeats up to this size (coordinator_main.cc).
+constexpr int kMaxHeartbeatBytes = 64 << 20;
+
+}  // namespace
 
 struct Registration::Impl {
   RegistrationOptions options;
@@ -22,6 +29,8 @@ struct Registration::Impl {
   mutable absl::Mutex mu;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool poked ABSL_GUARDED_BY(mu) = false;
+  bool draining ABSL_GUARDED_BY(mu) = false;
+  bool drain_acknowledged ABSL_GUARDED_BY(mu) = false;
   std::string daemon_id ABSL_GUARDED_BY(mu);
 
   // Output of failed heartbeats, resent first.
@@ -67,6 +76,27 @@ struct Registration::Impl {
     return true;
   }
 
+  // Keeps at most kMaxPendingLines log lines of undelivered output, dropping
+  // the oldest (a long coordinator outage must not grow the daemon without
+  // bound, nor make heartbeats too large to deliver).
+  void KeepPending(google::protobuf::RepeatedPtrField<v1::RankOutput>& outputs) {
+    for (auto& output : outputs) pending_output.push_back(std::move(output));
+    size_t lines = 0;
+    for (const auto& output : pending_output) lines += output.logs_size();
+    size_t dropped = 0;
+    for (auto& output : pending_output) {
+      if (lines <= kMaxPendingLines) break;
+      const size_t cut =
+          std::min(lines - kMaxPendingLines, static_cast<size_t>(output.logs_size()));
+      output.mutable_logs()->DeleteSubrange(0, static_cast<int>(cut));
+      lines -= cut;
+      dropped += cut;
+    }
+    if (dropped > 0) {
+      SS_LOG_WARN("coordinator unreachable: dropped {} undelivered log lines", dropped);
+    }
+  }
+
   // false: the coordinator does not know us any more (register again).
   bool Heartbeat(const std::string& id) {
     v1::HeartbeatRequest request;
@@ -74,15 +104,28 @@ struct Registration::Impl {
     for (auto& output : pending_output) *request.add_output() = std::move(output);
     pending_output.clear();
     if (options.fill_heartbeat) options.fill_heartbeat(request);
+    {
+      absl::MutexLock lock(&mu);
+      request.set_draining(draining);
+    }
     v1::HeartbeatResponse response;
     auto context = NewContext();
     grpc::Status status = stub->Heartbeat(context.get(), request, &response);
     if (status.ok()) {
       if (options.on_reply) options.on_reply(response);
+      if (request.draining()) {
+        absl::MutexLock lock(&mu);
+        drain_acknowledged = true;
+      }
       return true;
     }
-    // Keep what did not get through for the next heartbeat.
-    for (auto& output : *request.mutable_output()) pending_output.push_back(std::move(output));
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      // Too large to deliver: drop the output rather than retry it forever.
+      SS_LOG_WARN("heartbeat too large ({} bytes); dropping its output", request.ByteSizeLong());
+    } else {
+      // Keep what did not get through for the next heartbeat.
+      KeepPending(*request.mutable_output());
+    }
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
       SS_LOG_WARN("coordinator {} does not know daemon {}; registering again", options.coordinator,
                   id);
@@ -130,7 +173,16 @@ absl::StatusOr<std::unique_ptr<Registration>> Registration::Start(RegistrationOp
   auto credentials = MakeChannelCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
   auto impl = std::make_unique<Impl>();
-  impl->stub = v1::RegistryService::NewStub(grpc::CreateChannel(options.coordinator, *credentials));
+  // Reconnect about as often as we heartbeat: gRPC's default backoff grows
+  // to minutes, longer than the coordinator waits for daemons to come back
+  // after it restarts.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxSendMessageSize(kMaxHeartbeatBytes);
+  impl->stub = v1::RegistryService::NewStub(
+      grpc::CreateCustomChannel(options.coordinator, *credentials, args));
   impl->options = std::move(options);
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Loop(); });
@@ -157,20 +209,31 @@ void JobTokenSet::Replace(const v1::HeartbeatResponse& reply) {
   tokens_.assign(reply.job_tokens().begin(), reply.job_tokens().end());
 }
 
-absl::Status JobTokenSet::Admit(const std::string& token, Registration* registration,
-                                absl::Duration wait) {
+void JobTokenSet::SetPoke(std::function<void()> poke) {
+  absl::MutexLock lock(&mu_);
+  poke_ = std::move(poke);
+}
+
+absl::Status JobTokenSet::Admit(const std::string& token, absl::Duration wait) {
   if (token.empty()) return absl::UnauthenticatedError("missing bearer token (a job token)");
   auto known = [this, &token]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return std::find(tokens_.begin(), tokens_.end(), token) != tokens_.end();
   };
-  {
-    absl::MutexLock lock(&mu_);
-    if (known()) return absl::OkStatus();
-  }
-  if (registration != nullptr) registration->Poke();
   absl::MutexLock lock(&mu_);
+  if (known()) return absl::OkStatus();
+  if (poke_) poke_();
   if (mu_.AwaitWithTimeout(absl::Condition(&known), wait)) return absl::OkStatus();
   return absl::UnauthenticatedError("the token belongs to no running job");
+}
+
+bool Registration::Drain(absl::Duration timeout) {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->draining = true;
+  impl_->poked = true;
+  auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(impl_->mu) {
+    return impl_->drain_acknowledged || impl_->stopping;
+  };
+  return impl_->mu.AwaitWithTimeout(absl::Condition(&done), timeout) && impl_->drain_acknowledged;
 }
 
 std::string Registration::daemon_id() const {

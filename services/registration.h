@@ -53,6 +53,10 @@ class Registration final {
   std::string daemon_id() const;
   // Sends the next heartbeat now rather than after the interval.
   void Poke();
+  // Marks every following heartbeat `draining` (the daemon is shutting
+  // down) and waits up to `timeout` for one to be acknowledged; true when
+  // the coordinator has heard it.
+  bool Drain(absl::Duration timeout);
 
  private:
   struct Impl;
@@ -65,15 +69,18 @@ class Registration final {
 class JobTokenSet final {
  public:
   void Replace(const v1::HeartbeatResponse& reply);
+  // What Admit calls to ask for an early heartbeat (e.g. Registration::Poke);
+  // cleared with {} before the registration goes away.
+  void SetPoke(std::function<void()> poke);
   // OK when `token` belongs to a running job. An unknown token may belong to
-  // a job that started after the last reply: poke `registration` (when
-  // given) and wait up to `wait` for a reply that holds it. UNAUTHENTICATED
-  // otherwise.
-  absl::Status Admit(const std::string& token, Registration* registration, absl::Duration wait);
+  // a job that started after the last reply: poke and wait up to `wait` for
+  // a reply that holds it. UNAUTHENTICATED otherwise.
+  absl::Status Admit(const std::string& token, absl::Duration wait);
 
  private:
   absl::Mutex mu_;
   std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> poke_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace specstream::services

@@ -56,6 +56,9 @@ std::string DefaultJobId(const std::string& name) {
   return absl::StrCat(base, "-", RandomHex(4));
 }
 
+// How long a lost daemon stays listed (ListDaemons, /metrics).
+constexpr absl::Duration kForgetLostAfter = absl::Hours(1);
+
 const char* StateLabel(v1::JobState state) {
   switch (state) {
     case v1::JOB_STATE_QUEUED:
@@ -77,6 +80,7 @@ struct Daemon {
   v1::DaemonStatus status;  // id == info.name
   absl::Time last_heartbeat;
   std::vector<v1::RankStatus> ranks;  // as last reported
+  bool draining = false;              // shutting down: no new ranks
 
   bool lost() const { return status.state() == v1::DAEMON_STATE_LOST; }
   bool HasLiveChild() const {
@@ -84,8 +88,8 @@ struct Daemon {
                        [](const v1::RankStatus& r) { return !r.exited(); });
   }
   bool Free() const {
-    return status.info().kind() == v1::DAEMON_KIND_STUDENT && !lost() && status.job_id().empty() &&
-           !HasLiveChild();
+    return status.info().kind() == v1::DAEMON_KIND_STUDENT && !lost() && !draining &&
+           status.job_id().empty() && !HasLiveChild();
   }
 };
 
@@ -323,12 +327,27 @@ struct Scheduler::State {
     std::vector<std::string> teachers(job.spec().data().teachers().begin(),
                                       job.spec().data().teachers().end());
     if (static_cast<int>(free.size()) < job.world_size()) {
+      int live = 0;
+      for (const auto& [id, daemon] : daemons) {
+        live += daemon.status.info().kind() == v1::DAEMON_KIND_STUDENT && !daemon.lost();
+      }
       waiting = absl::StrCat("waiting for ", job.world_size(), " free student daemons (",
-                             free.size(), " free)");
+                             free.size(), " free, ", live, " live)");
     } else if (!job.spec().data().tokenized().empty() && teachers.empty()) {
       teachers = TeachersFor(job.spec().model().target());
       if (teachers.empty()) {
-        waiting = absl::StrCat("waiting for a teacher serving ", job.spec().model().target());
+        std::vector<std::string> served;
+        for (const auto& [id, daemon] : daemons) {
+          const v1::DaemonInfo& info = daemon.status.info();
+          if (info.kind() == v1::DAEMON_KIND_TEACHER && !daemon.lost()) {
+            served.push_back(info.model_name().empty() ? info.model() : info.model_name());
+          }
+        }
+        waiting = absl::StrCat(
+            "waiting for a teacher serving ", job.spec().model().target(),
+            served.empty()
+                ? " (no live teachers)"
+                : absl::StrCat(" (live teachers serve: ", absl::StrJoin(served, ", "), ")"));
       }
     }
     if (!waiting.empty()) {
@@ -388,11 +407,21 @@ struct Scheduler::State {
 
   void TickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const absl::Time now = Now();
-    for (auto& [id, daemon] : daemons) {
-      if (daemon.lost() || now - daemon.last_heartbeat <= options.lost_after) continue;
-      daemon.status.set_state(v1::DAEMON_STATE_LOST);
-      SS_LOG_WARN("daemon {} lost: no heartbeat for {}", id,
-                  absl::FormatDuration(now - daemon.last_heartbeat));
+    for (auto it = daemons.begin(); it != daemons.end();) {
+      Daemon& daemon = it->second;
+      // Lost daemons are forgotten after a while (names with a pid come
+      // and go); one that still holds a placement stays until its job moves.
+      if (daemon.lost() && daemon.status.job_id().empty() &&
+          now - daemon.last_heartbeat > kForgetLostAfter) {
+        it = daemons.erase(it);
+        continue;
+      }
+      if (!daemon.lost() && now - daemon.last_heartbeat > options.lost_after) {
+        daemon.status.set_state(v1::DAEMON_STATE_LOST);
+        SS_LOG_WARN("daemon {} lost: no heartbeat for {}", it->first,
+                    absl::FormatDuration(now - daemon.last_heartbeat));
+      }
+      ++it;
     }
     for (const std::string& id : fifo) {
       ActiveJob& aj = active.at(id);
@@ -409,6 +438,14 @@ struct Scheduler::State {
           MarkLost(aj,
                    absl::StrCat("student daemon ", placement.daemon_id(),
                                 " did not re-register with rank ", placement.rank()),
+                   now);
+        } else if (daemon != daemons.end() && now > aj.claim_deadline &&
+                   (daemon->second.status.job_id() != aj.job.id() ||
+                    daemon->second.status.rank() != placement.rank())) {
+          // It came back (after our restart, or its own) without the rank.
+          MarkLost(aj,
+                   absl::StrCat("student daemon ", placement.daemon_id(),
+                                " re-registered without rank ", placement.rank()),
                    now);
         }
       }
@@ -450,11 +487,30 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(SchedulerOptions op
     ASSIGN_OR_RETURN(aj.token, state->options.store->Token(job.id()));
     aj.job = std::move(job);
     aj.claim_deadline = now + state->options.lost_after;
+    // Exits recorded before the restart: the attempt was ending (or done).
+    if (aj.job.state() == v1::JOB_STATE_RUNNING) {
+      for (const v1::RankPlacement& placement : aj.job.ranks()) {
+        if (placement.exited() && placement.exit_code() != 0 && aj.failure.empty()) {
+          aj.failure =
+              absl::StrCat("rank ", placement.rank(), " exited with code ", placement.exit_code());
+          aj.ending = true;
+          aj.decide_at = now + state->options.lost_after;
+        }
+      }
+    }
     const std::string id = aj.job.id();
     SS_LOG_INFO("recovered job {} ({})", id, StateLabel(aj.job.state()));
-    state->active.emplace(id, std::move(aj));
+    ActiveJob& recovered = state->active.emplace(id, std::move(aj)).first->second;
     state->fifo.push_back(id);
+    const auto& ranks = recovered.job.ranks();
+    if (recovered.job.state() == v1::JOB_STATE_RUNNING && !ranks.empty() &&
+        std::all_of(ranks.begin(), ranks.end(),
+                    [](const auto& p) { return p.exited() && p.exit_code() == 0; })) {
+      state->Transition(recovered, v1::JOB_STATE_SUCCEEDED,
+                        absl::StrCat("all ", ranks.size(), " ranks exited 0"));
+    }
   }
+  state->Sweep();
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(state)));
 }
 
@@ -559,7 +615,8 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   if (!old_job.empty() && daemon.status.job_id() != old_job) {
     auto it = state_->active.find(old_job);
     if (it != state_->active.end() && it->second.job.state() == v1::JOB_STATE_RUNNING &&
-        it->second.reported.count(old_rank) > 0) {
+        it->second.reported.count(old_rank) > 0 && old_rank < it->second.job.ranks_size() &&
+        !it->second.job.ranks(old_rank).exited()) {
       state_->MarkLost(
           it->second,
           absl::StrCat("student daemon ", info.name(), " restarted while running rank ", old_rank),
@@ -592,6 +649,17 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
   daemon.last_heartbeat = now;
   daemon.status.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
   daemon.ranks.assign(request.ranks().begin(), request.ranks().end());
+  if (request.draining() && !daemon.draining) {
+    daemon.draining = true;
+    SS_LOG_INFO("daemon {} is shutting down", daemon.status.id());
+    auto job = state_->active.find(daemon.status.job_id());
+    if (job != state_->active.end() && job->second.job.state() == v1::JOB_STATE_RUNNING) {
+      state_->MarkLost(job->second,
+                       absl::StrCat("student daemon ", daemon.status.id(),
+                                    " shut down while running rank ", daemon.status.rank()),
+                       now);
+    }
+  }
   // Output first: a rank's last lines arrive with its exit.
   for (const v1::RankOutput& output : request.output()) state_->ApplyOutput(output);
   for (const v1::RankStatus& status : request.ranks()) {

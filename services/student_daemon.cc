@@ -42,6 +42,9 @@ namespace {
 
 constexpr size_t kReasonStderrLines = 20;
 constexpr absl::Duration kLoopTick = absl::Milliseconds(100);
+// How long a shutdown waits for the coordinator to hear that the daemon is
+// draining before it stops its ranks anyway.
+constexpr absl::Duration kDrainTimeout = absl::Seconds(5);
 // Beyond the stop grace, how long Shutdown waits for SIGKILLed children.
 constexpr absl::Duration kKillSlack = absl::Seconds(3);
 
@@ -539,6 +542,17 @@ absl::Status StudentDaemon::Run() {
                        d.registration->daemon_id().empty() ? 0 : 1);
   }
 
+  // Tell the coordinator first, so that a job losing its rank here
+  // restarts elsewhere instead of failing on the rank's SIGTERM exit.
+  int live = 0;
+  {
+    absl::MutexLock lock(&d.mu);
+    live = d.RunningCount();
+  }
+  if (live > 0 && !d.registration->Drain(kDrainTimeout)) {
+    SS_LOG_WARN("the coordinator did not acknowledge the shutdown within {}",
+                absl::FormatDuration(kDrainTimeout));
+  }
   SS_LOG_INFO("shutting down: stopping rank processes (grace {} s)", d.options.stop_grace_seconds);
   {
     absl::MutexLock lock(&d.mu);

@@ -313,6 +313,12 @@ absl::Status ValidateParallel(v1::ParallelSpec& parallel) {
                                    parallel.ulysses_degree()));
   }
   RETURN_IF_ERROR(RequireNonNegative(parallel.dp_size(), "parallel.dp_size"));
+  if (parallel.dp_size() > kMaxWorldSize || parallel.cp_size() > kMaxWorldSize ||
+      parallel.dp_size() * parallel.cp_size() > kMaxWorldSize) {
+    return FieldError("parallel.dp_size",
+                      absl::StrCat("dp_size x cp_size must be <= ", kMaxWorldSize, ", got ",
+                                   parallel.dp_size(), " x ", parallel.cp_size()));
+  }
   return absl::OkStatus();
 }
 

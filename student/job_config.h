@@ -39,6 +39,7 @@ inline constexpr int64_t kDefaultLogEvery = 1;
 inline constexpr int64_t kDefaultCpSize = 1;
 inline constexpr char kDefaultCpMode[] = "ring";
 inline constexpr int64_t kDefaultMaxRestarts = 3;
+inline constexpr int64_t kMaxWorldSize = 65536;
 
 // YAML text -> validated spec with defaults filled. Errors:
 //   * YAML syntax: InvalidArgument "job spec YAML: line L, column C: <msg>"

@@ -205,8 +205,8 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   services::JobTokenSet job_tokens;
   std::unique_ptr<services::Registration> registration;
   if (!serve.coordinator.empty()) {
-    options.service.authorize = [&job_tokens, &registration](const std::string& token) {
-      return job_tokens.Admit(token, registration.get(), absl::Seconds(3));
+    options.service.authorize = [&job_tokens](const std::string& token) {
+      return job_tokens.Admit(token, absl::Seconds(3));
     };
   }
   ASSIGN_OR_RETURN(auto server, TeacherServer::Start(launched->runtime(), options));
@@ -250,6 +250,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
     reg.info.set_model_name(serve.model_name);
     reg.on_reply = [&job_tokens](const v1::HeartbeatResponse& reply) { job_tokens.Replace(reply); };
     ASSIGN_OR_RETURN(registration, services::Registration::Start(std::move(reg)));
+    job_tokens.SetPoke([raw = registration.get()] { raw->Poke(); });
   }
 
   unsigned char signal_number = 0;
@@ -257,7 +258,9 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   }
   SS_LOG_INFO("serve: {} received; draining streams (deadline {} s)", strsignal(signal_number),
               serve.shutdown_timeout_s);
+  job_tokens.SetPoke({});
   registration.reset();
+  metrics_server.reset();  // its collector reads the server
   server->Shutdown(absl::Seconds(serve.shutdown_timeout_s));
   server.reset();
   return launched->Shutdown();

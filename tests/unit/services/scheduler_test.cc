@@ -120,11 +120,12 @@ TEST_F(SchedulerTest, GangSchedulesInFifoOrderAndMatchesTeachersByModel) {
   ASSERT_TRUE(second.ok());
   RegisterStudent("s1");
   EXPECT_EQ(Job("first").state(), v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(Job("first").reason(), "waiting for 2 free student daemons (1 free)");
+  EXPECT_EQ(Job("first").reason(), "waiting for 2 free student daemons (1 free, 1 live)");
   // FIFO: the 1-rank job does not jump the queue.
   EXPECT_EQ(Job("second").state(), v1::JOB_STATE_QUEUED);
   RegisterStudent("s2");
-  EXPECT_EQ(Job("first").reason(), "waiting for a teacher serving /models/target");
+  EXPECT_EQ(Job("first").reason(),
+            "waiting for a teacher serving /models/target (no live teachers)");
   RegisterTeacher("t-other", "/models/other");
   EXPECT_EQ(Job("first").state(), v1::JOB_STATE_QUEUED);
   RegisterTeacher("t1", "/models/target");
@@ -298,6 +299,88 @@ TEST_F(SchedulerTest, UnclaimedPlacementAfterRestartCountsAsLost) {
                          "did not re-register with rank 1"),
             std::string::npos)
       << reasons;
+}
+
+TEST_F(SchedulerTest, DaemonBackWithoutItsRankAfterARestartCountsAsLost) {
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1");
+  RegisterStudent("s2");
+  ASSERT_TRUE(scheduler_->Submit(Spec(2), "job").ok());
+  auto a = StartPair("job");
+  Open();
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1", {Running(a[0], 29555)});
+  RegisterStudent("s2");  // back, but without rank 1 (it restarted too)
+  EXPECT_EQ(Job("job").state(), v1::JOB_STATE_RUNNING);  // within the claim window
+  for (int i = 0; i < 3; ++i) {
+    now_ += absl::Seconds(4);
+    Beat("t1");
+    Beat("s2");
+    Beat("s1", {Running(a[0], 29555)});
+  }
+  v1::Job job = Job("job");
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_NE(job.state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(SchedulerTest, ExitsRecordedBeforeARestartAreDecidedAfterIt) {
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1");
+  ASSERT_TRUE(scheduler_->Submit(Spec(1), "ok").ok());
+  v1::HeartbeatResponse first = Beat("s1");
+  ASSERT_EQ(first.start_size(), 1);
+  v1::RankAssignment a = first.start(0);
+  Beat("s1", {Running(a, 29555)});
+  // The exit is stored, then the coordinator dies before deciding.
+  v1::Job stored = Job("ok");
+  stored.mutable_ranks(0)->set_exited(true);
+  ASSERT_TRUE(store_->Update(stored).ok());
+  Open();
+  EXPECT_EQ(Job("ok").state(), v1::JOB_STATE_SUCCEEDED);
+
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1");
+  ASSERT_TRUE(scheduler_->Submit(Spec(1), "bad").ok());
+  v1::HeartbeatResponse reply = Beat("s1");
+  ASSERT_EQ(reply.start_size(), 1) << Job("bad").reason();
+  a = reply.start(0);
+  Beat("s1", {Running(a, 29555)});
+  stored = Job("bad");
+  stored.mutable_ranks(0)->set_exited(true);
+  stored.mutable_ranks(0)->set_exit_code(2);
+  ASSERT_TRUE(store_->Update(stored).ok());
+  Open();
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1", {Exited(a, 2)});
+  EXPECT_EQ(Job("bad").state(), v1::JOB_STATE_RUNNING);  // deciding
+  now_ += absl::Seconds(11);
+  Beat("s1");
+  EXPECT_EQ(Job("bad").state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Job("bad").reason(), "rank 0 exited with code 2");
+}
+
+TEST_F(SchedulerTest, DrainingDaemonRestartsItsJobAndGetsNoNewRanks) {
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1");
+  RegisterStudent("s2");
+  RegisterStudent("s3");
+  ASSERT_TRUE(scheduler_->Submit(Spec(2), "job").ok());
+  auto a = StartPair("job");
+  const std::string leaving = Job("job").ranks(1).daemon_id();
+  const std::string staying = Job("job").ranks(0).daemon_id();
+  v1::HeartbeatRequest request;
+  request.set_daemon_id(leaving);
+  *request.add_ranks() = Running(a[1]);
+  request.set_draining(true);
+  ASSERT_TRUE(scheduler_->Heartbeat(request).ok());
+  // Its rank's SIGTERM exit does not fail the job: it restarts.
+  *request.mutable_ranks(0) = Exited(a[1], 143);
+  ASSERT_TRUE(scheduler_->Heartbeat(request).ok());
+  Beat(staying, {Exited(a[0], 143)});
+  v1::Job job = Job("job");
+  EXPECT_EQ(job.attempt(), 1);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  for (const auto& placement : job.ranks()) EXPECT_NE(placement.daemon_id(), leaving);
 }
 
 }  // namespace
