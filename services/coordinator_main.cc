@@ -26,6 +26,7 @@
 #include "common/grpc_auth.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/shutdown_signal.h"
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -39,16 +40,6 @@ namespace {
 
 using namespace specstream;            // NOLINT(build/namespaces): a main file
 using namespace specstream::services;  // NOLINT(build/namespaces)
-
-// SIGTERM/SIGINT become one byte on this pipe; main waits on it.
-int g_signal_pipe[2] = {-1, -1};
-
-extern "C" void OnShutdownSignal(int signal_number) {
-  const unsigned char byte = static_cast<unsigned char>(signal_number);
-  if (write(g_signal_pipe[1], &byte, 1) < 0) {
-    // The pipe already holds a signal; that suffices.
-  }
-}
 
 struct Flags {
   std::string host = "0.0.0.0";
@@ -68,9 +59,7 @@ absl::Status Run(const Flags& flags) {
   if (flags.lost_after_s * 1000 <= flags.heartbeat_ms) {
     return absl::InvalidArgumentError("--lost-after-s: must exceed the heartbeat interval");
   }
-  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", "coordinator");
-  signal(SIGTERM, OnShutdownSignal);
-  signal(SIGINT, OnShutdownSignal);
+  RETURN_IF_ERROR(InstallShutdownSignals());
 
   ASSIGN_OR_RETURN(std::string token, LoadToken(flags.token_file));
   ASSIGN_OR_RETURN(auto credentials, MakeServerCredentials(flags.tls));
@@ -131,9 +120,7 @@ absl::Status Run(const Flags& flags) {
     while (!stop_ticking.WaitForNotificationWithTimeout(period)) scheduler->Tick();
   });
 
-  unsigned char signal_number = 0;
-  while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
-  }
+  const int signal_number = WaitForShutdownSignal();
   SS_LOG_INFO("coordinator: {} received; stopping", strsignal(signal_number));
   stop_ticking.Notify();
   ticker.join();

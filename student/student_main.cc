@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_auth.h"
 #include "common/logging.h"
+#include "common/shutdown_signal.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
 #include "services/student_daemon.h"
@@ -166,14 +168,6 @@ absl::Status Train(const std::string& config_path, bool resume, int progress) {
   return trainer->Run();
 }
 
-// `serve`: SIGTERM/SIGINT ask the daemon to stop its ranks and return;
-// Shutdown() is a lock-free atomic store, safe in a handler.
-services::StudentDaemon* g_daemon = nullptr;
-
-extern "C" void OnServeSignal(int /*signal_number*/) {
-  if (g_daemon != nullptr) g_daemon->Shutdown();
-}
-
 struct ServeFlags {
   services::StudentDaemonOptions daemon;
   std::string token_file;
@@ -183,17 +177,15 @@ absl::Status RunServe(ServeFlags flags) {
   ASSIGN_OR_RETURN(flags.daemon.token, LoadToken(flags.token_file));
   ASSIGN_OR_RETURN(auto daemon, services::StudentDaemon::Create(std::move(flags.daemon)));
   std::cout << "listening on " << daemon->address() << std::endl;
-  g_daemon = daemon.get();
-  struct sigaction action {};
-  action.sa_handler = OnServeSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
+  // SIGTERM/SIGINT ask the daemon to stop its ranks and return.
+  RETURN_IF_ERROR(InstallShutdownSignals());
+  std::thread waiter([&daemon] {
+    WaitForShutdownSignal();
+    daemon->Shutdown();
+  });
   absl::Status status = daemon->Run();
-  signal(SIGTERM, SIG_DFL);
-  signal(SIGINT, SIG_DFL);
-  g_daemon = nullptr;
+  WakeShutdownWaiter();  // Run may end without a signal (an error)
+  waiter.join();
   return status;
 }
 

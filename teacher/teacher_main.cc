@@ -25,6 +25,7 @@
 #include "common/logging.h"
 #include "common/metrics_http.h"
 #include "common/shm_ring.h"
+#include "common/shutdown_signal.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "services/registration.h"
@@ -129,19 +130,6 @@ absl::Status RunForward(const RuntimeFlags& flags, const std::string& ids_text) 
   return launched->Shutdown();
 }
 
-// `serve`: SIGTERM and SIGINT are turned into one byte on this pipe (the only
-// async-signal-safe thing the handler does); RunServe waits on it.
-int g_signal_pipe[2] = {-1, -1};
-
-extern "C" void OnShutdownSignal(int signal_number) {
-  const unsigned char byte = static_cast<unsigned char>(signal_number);
-  const int saved_errno = errno;
-  if (write(g_signal_pipe[1], &byte, 1) < 0) {
-    // Nothing to do: the pipe holds earlier signals, which suffice.
-  }
-  errno = saved_errno;
-}
-
 struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 0;
@@ -185,13 +173,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   }
   // Handlers first, so a signal that arrives while the model loads still
   // ends in an orderly shutdown once it has loaded.
-  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", "serve");
-  struct sigaction action {};
-  action.sa_handler = OnShutdownSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
+  RETURN_IF_ERROR(InstallShutdownSignals());
 
   ASSIGN_OR_RETURN(auto launched, flags.Launch());
   TeacherServerOptions options;
@@ -253,9 +235,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
     job_tokens.SetPoke([raw = registration.get()] { raw->Poke(); });
   }
 
-  unsigned char signal_number = 0;
-  while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
-  }
+  const int signal_number = WaitForShutdownSignal();
   SS_LOG_INFO("serve: {} received; draining streams (deadline {} s)", strsignal(signal_number),
               serve.shutdown_timeout_s);
   job_tokens.SetPoke({});

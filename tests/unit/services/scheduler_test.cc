@@ -107,6 +107,15 @@ class SchedulerTest : public ::testing::Test {
     return out;
   }
 
+  // A teacher t1, students s1 and s2, and job "job" (dp 2) running on them.
+  std::vector<v1::RankAssignment> RunningPair() {
+    RegisterTeacher("t1", "/models/target");
+    RegisterStudent("s1");
+    RegisterStudent("s2");
+    if (!scheduler_->Submit(Spec(2), "job").ok()) return {};
+    return StartPair("job");
+  }
+
   testing::TempDir dir_;
   absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
   std::unique_ptr<JobStore> store_;
@@ -204,11 +213,8 @@ TEST_F(SchedulerTest, LostDaemonRestartsFromCheckpointUntilMaxRestarts) {
 }
 
 TEST_F(SchedulerTest, FailingRankFailsTheJobAfterTheGraceAndStopsTheOthers) {
-  RegisterTeacher("t1", "/models/target");
-  RegisterStudent("s1");
-  RegisterStudent("s2");
-  ASSERT_TRUE(scheduler_->Submit(Spec(2), "job").ok());
-  auto a = StartPair("job");
+  auto a = RunningPair();
+  ASSERT_EQ(a.size(), 2u);
   Beat("s2", {Exited(a[1], 1)});
   // The other rank is stopped at once; the verdict waits for lost_after.
   v1::HeartbeatResponse reply = Beat("s1", {Running(a[0], 29555)});
@@ -246,11 +252,8 @@ TEST_F(SchedulerTest, StopAndEvents) {
 }
 
 TEST_F(SchedulerTest, RunningJobSurvivesACoordinatorRestart) {
-  RegisterTeacher("t1", "/models/target");
-  RegisterStudent("s1");
-  RegisterStudent("s2");
-  ASSERT_TRUE(scheduler_->Submit(Spec(2), "job").ok());
-  auto a = StartPair("job");
+  auto a = RunningPair();
+  ASSERT_EQ(a.size(), 2u);
   Open();  // the coordinator restarts on the same database
   EXPECT_EQ(Job("job").state(), v1::JOB_STATE_RUNNING);
   // Daemons are unknown until they register again, reporting their ranks.
@@ -275,11 +278,8 @@ TEST_F(SchedulerTest, RunningJobSurvivesACoordinatorRestart) {
 }
 
 TEST_F(SchedulerTest, UnclaimedPlacementAfterRestartCountsAsLost) {
-  RegisterTeacher("t1", "/models/target");
-  RegisterStudent("s1");
-  RegisterStudent("s2");
-  ASSERT_TRUE(scheduler_->Submit(Spec(2), "job").ok());
-  auto a = StartPair("job");
+  auto a = RunningPair();
+  ASSERT_EQ(a.size(), 2u);
   Open();
   RegisterTeacher("t1", "/models/target");
   RegisterStudent("s1", {Running(a[0], 29555)});
@@ -302,11 +302,8 @@ TEST_F(SchedulerTest, UnclaimedPlacementAfterRestartCountsAsLost) {
 }
 
 TEST_F(SchedulerTest, DaemonBackWithoutItsRankAfterARestartCountsAsLost) {
-  RegisterTeacher("t1", "/models/target");
-  RegisterStudent("s1");
-  RegisterStudent("s2");
-  ASSERT_TRUE(scheduler_->Submit(Spec(2), "job").ok());
-  auto a = StartPair("job");
+  auto a = RunningPair();
+  ASSERT_EQ(a.size(), 2u);
   Open();
   RegisterTeacher("t1", "/models/target");
   RegisterStudent("s1", {Running(a[0], 29555)});
