@@ -124,6 +124,9 @@ absl::Status Run(const Flags& flags) {
   SS_LOG_INFO("coordinator: {} received; stopping", strsignal(signal_number));
   stop_ticking.Notify();
   ticker.join();
+  if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
   jobs.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return absl::OkStatus();

@@ -542,7 +542,11 @@ absl::Status StudentDaemon::Run() {
                        d.registration->daemon_id().empty() ? 0 : 1);
   }
 
-  // Tell the coordinator first, so that a job losing its rank here
+  if (grpc::HealthCheckServiceInterface* health = d.server->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
+  // Not ready any more (Kubernetes readiness), then tell the coordinator
+  // first, so that a job losing its rank here
   // restarts elsewhere instead of failing on the rank's SIGTERM exit.
   int live = 0;
   {

@@ -18,8 +18,9 @@ BUILD_PACKAGES=(
 )
 # What a container running the binaries needs (deploy/docker/Dockerfile).
 RUNTIME_PACKAGES=(
-  libtorch1.13 libopenblas0-pthread libgrpc++1.51 libprotobuf32
-  libspdlog1.10 libyaml-cpp0.7 libsqlite3-0 ca-certificates
+  libtorch1.13 libopenblas0-pthread libgloo0 libgrpc++1.51 libprotobuf32
+  libabsl20220623 libspdlog1.10 libfmt9 libyaml-cpp0.7 libsqlite3-0 libicu72
+  ca-certificates
 )
 
 packages=("${BUILD_PACKAGES[@]}")
