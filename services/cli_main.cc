@@ -125,6 +125,14 @@ int main(int argc, char** argv) {
   stop_cmd->add_option("--reason", stop_reason, "Why (recorded as the job's reason)");
   AddRemoteOptions(stop_cmd, remote, rpc_timeout_help);
 
+  std::string validate_path;
+  std::string validate_output = "table";
+  CLI::App* validate_cmd = app.add_subcommand(
+      "validate", "Check a job spec locally, as submit would (exit 2 naming the field)");
+  validate_cmd->add_option("spec", validate_path, "Job spec YAML file")->required();
+  validate_cmd->add_option("-o,--output", validate_output, "table | json (defaults filled)")
+      ->check(CLI::IsMember({"table", "json"}));
+
   CLI::App* wait_cmd =
       app.add_subcommand("wait", "Wait for a job to end (exit 0 SUCCEEDED, 1 FAILED/STOPPED)");
   wait_cmd->add_option("id", job_id, "Job id")->required();
@@ -155,5 +163,6 @@ int main(int argc, char** argv) {
   if (*logs_cmd) return FinishJob(svc::RunLogs(remote, job_id, logs_follow, std::cout, std::cerr));
   if (*stop_cmd) return FinishJob(svc::RunStop(remote, job_id, stop_reason, std::cout));
   if (*wait_cmd) return FinishJob(svc::RunWait(remote, job_id, std::cout, std::cerr));
+  if (*validate_cmd) return FinishJob(svc::RunValidate(validate_path, validate_output, std::cout));
   return 2;
 }

@@ -29,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "services/data_commands.h"
 #include "specstream/v1/coordinator.grpc.pb.h"
+#include "student/job_config.h"
 
 namespace specstream::services {
 namespace {
@@ -592,6 +593,31 @@ std::string FormatJobList(const v1::ListJobsResponse& jobs, int64_t now_unix_ms)
     absl::StrAppend(&text, absl::StripTrailingAsciiWhitespace(line), "\n");
   }
   return text;
+}
+
+absl::Status RunValidate(const std::string& spec_path, const std::string& output,
+                         std::ostream& out) {
+  absl::StatusOr<std::string> text = ReadFileToString(spec_path);
+  if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
+  absl::StatusOr<v1::JobSpec> spec = student::ParseJobSpecYaml(*text);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(spec_path, ": ", spec.status().message()));
+  }
+  if (output == "json") {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    if (!google::protobuf::util::MessageToJsonString(*spec, &json, options).ok()) {
+      return absl::InternalError("cannot print the spec as JSON");
+    }
+    out << json << "\n";
+    return absl::OkStatus();
+  }
+  const int64_t ranks =
+      std::max<int64_t>(spec->parallel().dp_size(), 1) * spec->parallel().cp_size();
+  out << spec_path << ": valid (" << (spec->name().empty() ? "unnamed" : spec->name()) << ", "
+      << ranks << (ranks == 1 ? " rank" : " ranks") << ")\n";
+  return absl::OkStatus();
 }
 
 int JobExitCode(const absl::Status& status) {

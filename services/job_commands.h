@@ -74,6 +74,12 @@ absl::Status RunStop(const RemoteOptions& remote, const std::string& id, const s
 absl::Status RunWait(const RemoteOptions& remote, const std::string& id, std::ostream& out,
                      std::ostream& err);
 
+// Checks a job spec locally, as the coordinator will at submit (no
+// coordinator needed): "<path>: valid (name, N ranks)" or, with json, the
+// spec with its defaults filled. InvalidArgument naming the field otherwise.
+absl::Status RunValidate(const std::string& spec_path, const std::string& output,
+                         std::ostream& out);
+
 // The exit code for a job command's status: ExitCodeFor's mapping, plus
 // UNAUTHENTICATED/PERMISSION_DENIED -> 3 and ALREADY_EXISTS (a taken --id) -> 2.
 int JobExitCode(const absl::Status& status);

@@ -13,7 +13,8 @@
 //      students carry the pod name, pod IP and pod index and pass them as
 //      --name and --host; images pinned (no `latest`, no untagged); Secrets
 //      referenced, never embedded.
-// Also: deploy/docker/Dockerfile pins its base images.
+// Also: job*.yaml beside a kustomization passes `specstream validate`, and
+// deploy/docker/Dockerfile pins its base images.
 //
 // Exit 0 when everything holds, 1 otherwise (each problem printed), 77 when
 // the npm packages are missing outside CI (ctest: skipped).
@@ -319,6 +320,23 @@ for (const dir of targets) {
     ++checked;
   }
 }
+// Job specs shipped beside the manifests validate as the coordinator would.
+for (const dir of targets) {
+  for (const name of fs.readdirSync(dir).filter((f) => /^job.*\.ya?ml$/.test(f))) {
+    const file = path.join(dir, name);
+    const cli = path.join(binDir, BINARIES.specstream);
+    if (!fs.existsSync(cli)) {
+      fail(path.relative(ROOT, file), `specstream not built in ${binDir}`);
+      continue;
+    }
+    try {
+      execFileSync(cli, ["validate", file], { stdio: ["ignore", "pipe", "pipe"] });
+    } catch (error) {
+      fail(path.relative(ROOT, file), `specstream validate: ${error.stderr}`.trim());
+    }
+  }
+}
+
 const dockerfile = path.join(ROOT, "deploy/docker/Dockerfile");
 if (!fs.existsSync(dockerfile)) {
   fail("deploy/docker/Dockerfile", "missing");

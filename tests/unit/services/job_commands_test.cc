@@ -786,5 +786,24 @@ TEST(JobFormattingTest, AgesAndTimes) {
   EXPECT_EQ(FormatUnixMs(0), "-");
 }
 
+// `validate` checks a spec locally, with no coordinator, as submit would.
+TEST_F(JobCommandsTest, ValidateChecksASpecWithoutACoordinator) {
+  testing::WriteFile(dir_.Join("good.yaml"),
+                     "name: good\ndata:\n  tokenized: /d.jsonl\nmodel:\n  target: /m\n"
+                     "  draft:\n    draft_vocab_size: 64\noptimizer:\n  lr: 1.0e-3\n"
+                     "training:\n  max_steps: 4\n  batch_size: 1\nparallel:\n  dp_size: 2\n");
+  CliResult good = RunCli({"validate", dir_.Join("good.yaml")});
+  ASSERT_EQ(good.exit_code, 0) << good.err;
+  EXPECT_EQ(good.out, dir_.Join("good.yaml") + ": valid (good, 2 ranks)\n");
+  CliResult json = RunCli({"validate", dir_.Join("good.yaml"), "-o", "json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_NE(json.out.find("\"ttt_steps\":\"7\""), std::string::npos) << json.out;  // default
+  testing::WriteFile(dir_.Join("bad.yaml"), "name: bad\ntraining:\n  max_stpes: 4\n");
+  CliResult bad = RunCli({"validate", dir_.Join("bad.yaml")});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("max_stpes"), std::string::npos) << bad.err;
+  EXPECT_EQ(RunCli({"validate", dir_.Join("missing.yaml")}).exit_code, 2);
+}
+
 }  // namespace
 }  // namespace specstream::services
