@@ -11,14 +11,19 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/testing.h"
@@ -50,6 +55,41 @@ std::string HttpGet(int port, const std::string& path) {
   while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
   close(fd);
   return response;
+}
+
+// grpc.health.v1.Health/Check with an empty service name against
+// 127.0.0.1:port; "SERVING", "NOT_SERVING", or the call's error. The request
+// is the empty message; the response's field 1 is the status enum.
+std::string HealthCheck(int port) {
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::ByteBuffer request(nullptr, 0);
+  grpc::ByteBuffer response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = std::move(s);
+                   done = true;
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  if (!status.ok()) return "error: " + status.error_message();
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return "error: unreadable response";
+  std::string bytes;
+  for (const auto& slice : slices)
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  if (bytes == std::string("\x08\x01", 2)) return "SERVING";
+  if (bytes == std::string("\x08\x02", 2)) return "NOT_SERVING";
+  return "unknown";
 }
 
 class CoordinatorTest : public ::testing::Test {
@@ -240,6 +280,10 @@ TEST_F(CoordinatorTest, JobEndToEndThroughTheCli) {
   EXPECT_NE(scrape.find("specstream_coordinator_daemons{kind=\"student\",state=\"idle\"} 2"),
             std::string::npos)
       << scrape;
+  // Every daemon answers the standard health check (Kubernetes grpc probes).
+  EXPECT_EQ(HealthCheck(coordinator_port_), "SERVING");
+  EXPECT_EQ(HealthCheck(std::stoi(testing::ReadFile(dir_.Join("teacher.port")))), "SERVING");
+  EXPECT_EQ(HealthCheck(std::stoi(testing::ReadFile(dir_.Join("s0.port")))), "SERVING");
   const int student_metrics = std::stoi(testing::ReadFile(dir_.Join("s0.metrics")));
   EXPECT_NE(HttpGet(student_metrics, "/metrics").find("specstream_student_daemon"),
             std::string::npos);
