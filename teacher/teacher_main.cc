@@ -84,15 +84,12 @@ struct RuntimeFlags {
     app->add_option("--devices", devices, "One rank per device, e.g. cpu,cpu (tensor parallel)");
     app->add_option("--dtype", dtype, "auto | float32 | bfloat16");
     app->add_option("--capture-layers", capture, "EAGLE-3 capture layer ids (default 1,L/2-1,L-4)");
-    app->add_option("--runtime", runtime, "Target runtime: hf");
+    app->add_option("--runtime", runtime, "Target runtime: hf | sglang (token-packed, fused)");
   }
 
   absl::StatusOr<std::unique_ptr<LaunchedRuntime>> Launch() const {
-    if (runtime != "hf") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--runtime \"", runtime, "\" (available: hf)"));
-    }
     RuntimeSpec spec;
+    spec.runtime = runtime;
     spec.model_dir = model;
     spec.dtype = dtype;
     ASSIGN_OR_RETURN(spec.capture_layer_ids, ParseIntList("--capture-layers", capture));
@@ -344,6 +341,7 @@ int main(int argc, char** argv) {
   std::string worker_capture;
   CLI::App* worker_cmd = app.add_subcommand("tp-worker", "(internal) one tensor-parallel rank");
   worker_cmd->group("");  // hidden from --help
+  worker_cmd->add_option("--runtime", worker.runtime);
   worker_cmd->add_option("--model", worker.model_dir)->required();
   worker_cmd->add_option("--dtype", worker.dtype);
   worker_cmd->add_option("--capture-layers", worker_capture);

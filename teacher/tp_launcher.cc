@@ -17,6 +17,8 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "teacher/hf_runtime.h"
+#include "teacher/sglang_runtime.h"
 
 extern char** environ;
 
@@ -78,6 +80,20 @@ absl::Status AwaitWorkers(c10d::Store& store, std::vector<pid_t>& workers,
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<TensorParallelRuntime>> CreateTargetRuntime(
+    const std::string& runtime, TargetRuntimeOptions options) {
+  if (runtime == "hf") {
+    ASSIGN_OR_RETURN(auto hf, HfRuntime::Create(std::move(options)));
+    return std::unique_ptr<TensorParallelRuntime>(std::move(hf));
+  }
+  if (runtime == "sglang") {
+    ASSIGN_OR_RETURN(auto sglang, SglangRuntime::Create(std::move(options)));
+    return std::unique_ptr<TensorParallelRuntime>(std::move(sglang));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--runtime \"", runtime, "\" (available: hf, sglang)"));
+}
+
 absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices) {
   std::vector<std::string> out;
   for (absl::string_view d : absl::StrSplit(devices, ',', absl::SkipWhitespace())) {
@@ -99,14 +115,17 @@ absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices
 absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec& spec) {
   std::unique_ptr<LaunchedRuntime> launched(new LaunchedRuntime());
   const int world = static_cast<int>(spec.devices.size());
-  HfRuntimeOptions options;
+  TargetRuntimeOptions options;
   options.model_dir = spec.model_dir;
   options.dtype = spec.dtype;
   options.capture_layer_ids = spec.capture_layer_ids;
   options.tp_size = world;
   if (world == 1) {
-    ASSIGN_OR_RETURN(launched->runtime_, HfRuntime::Create(options));
+    ASSIGN_OR_RETURN(launched->runtime_, CreateTargetRuntime(spec.runtime, options));
     return launched;
+  }
+  if (spec.runtime != "hf" && spec.runtime != "sglang") {
+    return CreateTargetRuntime(spec.runtime, options).status();  // refused before spawning
   }
   if (spec.worker_executable.empty()) {
     return absl::InvalidArgumentError("tensor parallelism needs the worker executable");
@@ -118,6 +137,8 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
   for (int rank = 1; rank < world; ++rank) {
     std::vector<std::string> args = {spec.worker_executable,
                                      "tp-worker",
+                                     "--runtime",
+                                     spec.runtime,
                                      "--model",
                                      spec.model_dir,
                                      "--dtype",
@@ -137,7 +158,7 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
   }
   SS_LOG_INFO("tp: started {} worker process(es), rendezvous on 127.0.0.1:{}", world - 1, port);
   // The leader loads its shard while the workers load theirs.
-  ASSIGN_OR_RETURN(launched->runtime_, HfRuntime::Create(options));
+  ASSIGN_OR_RETURN(launched->runtime_, CreateTargetRuntime(spec.runtime, options));
   RETURN_IF_ERROR(AwaitWorkers(*store, launched->workers_, spec.setup_timeout));
   ASSIGN_OR_RETURN(launched->group_, CreateGlooGroup(rendezvous, store));
   launched->runtime_->AttachGroup(launched->group_.group);
@@ -195,13 +216,13 @@ absl::Status RunTpWorker(const WorkerOptions& o) {
   ASSIGN_OR_RETURN(auto store, CreateTcpStore(rendezvous));
   // Load before joining the group so a bad checkpoint is reported, not hung
   // on; the group is attached once every rank has loaded.
-  HfRuntimeOptions options;
+  TargetRuntimeOptions options;
   options.model_dir = o.model_dir;
   options.dtype = o.dtype;
   options.capture_layer_ids = o.capture_layer_ids;
   options.tp_rank = o.rank;
   options.tp_size = o.world_size;
-  auto runtime = HfRuntime::Create(options);
+  auto runtime = CreateTargetRuntime(o.runtime, options);
   if (!runtime.ok()) {
     std::string reason(runtime.status().message());
     store->set(FailedKey(o.rank), std::vector<uint8_t>(reason.begin(), reason.end()));

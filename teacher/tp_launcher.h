@@ -1,4 +1,4 @@
-// Starts a tensor-parallel hf runtime over `--devices`: one process per
+// Starts a tensor-parallel target runtime ("hf" or "sglang") over `--devices`: one process per
 // device. The calling process is rank 0 (the leader, which callers use as a
 // TargetRuntime); ranks 1..N-1 are child processes running
 // `specstream-teacher tp-worker`, which load their shard and follow the
@@ -20,11 +20,17 @@
 
 #include "absl/status/statusor.h"
 #include "common/torch/process_group.h"
-#include "teacher/hf_runtime.h"
+#include "teacher/tp_runtime.h"
 
 namespace specstream::teacher {
 
+// The runtime named by `--runtime` ("hf" or "sglang"); InvalidArgument
+// naming the flag for any other name.
+absl::StatusOr<std::unique_ptr<TensorParallelRuntime>> CreateTargetRuntime(
+    const std::string& runtime, TargetRuntimeOptions options);
+
 struct RuntimeSpec {
+  std::string runtime = "hf";  // hf | sglang
   std::string model_dir;
   std::string dtype = "auto";
   std::vector<int> capture_layer_ids;
@@ -36,7 +42,7 @@ struct RuntimeSpec {
 class LaunchedRuntime final {
  public:
   ~LaunchedRuntime();
-  HfRuntime& runtime() { return *runtime_; }
+  TensorParallelRuntime& runtime() { return *runtime_; }
   // Releases followers and waits for the workers; idempotent.
   absl::Status Shutdown();
 
@@ -44,7 +50,7 @@ class LaunchedRuntime final {
   friend absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec&);
   LaunchedRuntime() = default;
   ProcessGroupHandle group_;
-  std::unique_ptr<HfRuntime> runtime_;
+  std::unique_ptr<TensorParallelRuntime> runtime_;
   std::vector<pid_t> workers_;
   bool shut_down_ = false;
 };
@@ -55,6 +61,7 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
 absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices);
 
 struct WorkerOptions {
+  std::string runtime = "hf";
   std::string model_dir;
   std::string dtype = "auto";
   std::vector<int> capture_layer_ids;

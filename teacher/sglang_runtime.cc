@@ -1,0 +1,270 @@
+#include "teacher/sglang_runtime.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/torch/process_group.h"
+#include "common/torch/tensor_util.h"
+#include "teacher/dense_weights.h"
+
+namespace specstream::teacher {
+
+// One decoder layer with SGLang's fused projections, sliced to this TP rank.
+struct SglangRuntime::Layer {
+  torch::Tensor input_norm, post_norm;
+  torch::Tensor qkv, qkv_bias;  // [(Hq + 2 Hkv) D / tp, H]: cat(q, k, v) shards
+  torch::Tensor o, o_bias;      // o row shard; bias added once, after the reduce
+  torch::Tensor q_norm, k_norm;
+  torch::Tensor gate_up, gate_up_bias;  // [2 I / tp, H]: cat(gate, up) shards
+  torch::Tensor down, down_bias;
+  std::optional<int64_t> sliding_window;
+};
+
+namespace {
+
+torch::Tensor CatDefined(const torch::Tensor& a, const torch::Tensor& b,
+                         const torch::Tensor& c = {}) {
+  if (!a.defined()) return {};
+  return c.defined() ? torch::cat({a, b, c}, 0) : torch::cat({a, b}, 0);
+}
+
+}  // namespace
+
+SglangRuntime::~SglangRuntime() = default;
+
+absl::StatusOr<std::unique_ptr<SglangRuntime>> SglangRuntime::Create(SglangRuntimeOptions options) {
+  TuneAllocatorForTensors();
+  std::unique_ptr<SglangRuntime> runtime(new SglangRuntime());
+  runtime->options_ = std::move(options);
+  RETURN_IF_ERROR(runtime->Load());
+  return runtime;
+}
+
+absl::Status SglangRuntime::Load() {
+  const SglangRuntimeOptions& o = options_;
+  ASSIGN_OR_RETURN(config_, LoadHfConfig(o.model_dir));
+  const HfModelConfig& c = config_;
+  if (!IsDenseModelType(c.model_type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_type \"", c.model_type,
+        "\" is not served by the sglang runtime yet: it serves dense llama, qwen2, qwen3 and "
+        "mistral models (mixture-of-experts families are not implemented)"));
+  }
+  const int tp = o.tp_size;
+  RETURN_IF_ERROR(CheckTensorParallelLayout(c, o.tp_rank, tp));
+  ASSIGN_OR_RETURN(dtype_, ResolveComputeDtype(o.dtype, c));
+  ASSIGN_OR_RETURN(std::vector<int> capture, ResolveCaptureLayers(o.capture_layer_ids, c));
+  ASSIGN_OR_RETURN(DenseModelWeights weights,
+                   LoadDenseWeights(o.model_dir, c, dtype_, o.tp_rank, tp));
+  embed_ = weights.embed;
+  norm_ = weights.norm;
+  lm_head_ = weights.lm_head;
+  layers_.resize(weights.layers.size());
+  // Fuse once here; the separate tensors are released with `weights`.
+  RETURN_IF_ERROR(CatchTorch("fusing qkv and gate_up", [&] {
+    for (size_t i = 0; i < weights.layers.size(); ++i) {
+      DenseLayerWeights& w = weights.layers[i];
+      Layer& l = layers_[i];
+      l.input_norm = w.input_norm;
+      l.post_norm = w.post_norm;
+      l.qkv = torch::cat({w.q, w.k, w.v}, 0);
+      l.qkv_bias = CatDefined(w.q_bias, w.k_bias, w.v_bias);
+      l.o = w.o;
+      l.o_bias = w.o_bias;
+      l.q_norm = w.q_norm;
+      l.k_norm = w.k_norm;
+      l.gate_up = torch::cat({w.gate, w.up}, 0);
+      l.gate_up_bias = CatDefined(w.gate_bias, w.up_bias);
+      l.down = w.down;
+      l.down_bias = w.down_bias;
+      l.sliding_window = w.sliding_window;
+      w = DenseLayerWeights();
+    }
+  }));
+  const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  ASSIGN_OR_RETURN(auto rotary,
+                   nn::Rotary::Create(D, c.rope_theta, c.rope_scaling, c.max_position_embeddings));
+  rotary_.emplace(std::move(rotary));
+
+  description_.model_type = c.model_type;
+  description_.runtime = "sglang";
+  description_.hidden_size = H;
+  description_.vocab_size = V;
+  description_.num_layers = c.num_hidden_layers;
+  description_.max_position_embeddings = c.max_position_embeddings;
+  description_.capture_layer_ids = capture;
+  description_.dtype = dtype_;
+  description_.tp_size = tp;
+  SS_LOG_INFO(
+      "sglang runtime: {} with {} layers, hidden {}, vocab {}, {} on TP rank {}/{}, capture {}",
+      c.model_type, c.num_hidden_layers, H, V, c10::toString(dtype_), o.tp_rank, tp,
+      absl::StrJoin(capture, ","));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Forward(const ForwardRequest& request) {
+  if (options_.tp_rank != 0) {
+    return absl::FailedPreconditionError("Forward is called on TP rank 0; followers RunFollower()");
+  }
+  RETURN_IF_ERROR(ValidateForwardRequest(request, config_));
+  if (options_.tp_size > 1 && !options_.group) {
+    return absl::FailedPreconditionError("tensor parallelism needs a process group");
+  }
+  const int64_t count = static_cast<int64_t>(request.sequences.size());
+  std::vector<int64_t> lengths;
+  int64_t total = 0;
+  for (const auto& seq : request.sequences) {
+    lengths.push_back(static_cast<int64_t>(seq.size()));
+    total += static_cast<int64_t>(seq.size());
+  }
+  // Packed back to back: no padding anywhere.
+  torch::Tensor ids = torch::empty({total}, torch::kInt64);
+  int64_t* out = ids.data_ptr<int64_t>();
+  for (const auto& seq : request.sequences) {
+    for (int32_t id : seq) *out++ = id;
+  }
+  if (options_.tp_size > 1) {
+    torch::Tensor header =
+        torch::tensor({count, total, int64_t{request.want_target_ids}}, torch::kInt64);
+    // Once a collective has failed the followers are out of step with us;
+    // StopFollowers then refuses to broadcast (the caller stops the workers).
+    absl::Status sent = Broadcast(*options_.group, header, 0);
+    torch::Tensor lens = torch::tensor(lengths, torch::kInt64);
+    if (sent.ok()) sent = Broadcast(*options_.group, lens, 0);
+    if (sent.ok()) sent = Broadcast(*options_.group, ids, 0);
+    if (!sent.ok()) {
+      group_broken_ = true;
+      return sent;
+    }
+  }
+  auto result = Compute(ids, lengths, request.want_target_ids);
+  if (!result.ok() && options_.tp_size > 1) group_broken_ = true;
+  return result;
+}
+
+absl::Status SglangRuntime::RunFollower() {
+  if (options_.tp_rank == 0) return absl::FailedPreconditionError("rank 0 is the leader");
+  if (!options_.group) return absl::FailedPreconditionError("no process group attached");
+  while (true) {
+    torch::Tensor header = torch::zeros({3}, torch::kInt64);
+    RETURN_IF_ERROR(Broadcast(*options_.group, header, 0));
+    const int64_t count = header[0].item<int64_t>();
+    if (count == 0) return absl::OkStatus();
+    const int64_t total = header[1].item<int64_t>();
+    torch::Tensor lens = torch::zeros({count}, torch::kInt64);
+    RETURN_IF_ERROR(Broadcast(*options_.group, lens, 0));
+    torch::Tensor ids = torch::zeros({total}, torch::kInt64);
+    RETURN_IF_ERROR(Broadcast(*options_.group, ids, 0));
+    std::vector<int64_t> lengths(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + count);
+    auto result = Compute(ids, lengths, header[2].item<int64_t>() != 0);
+    if (!result.ok()) return result.status();
+  }
+}
+
+absl::Status SglangRuntime::StopFollowers() {
+  if (options_.tp_size == 1 || followers_stopped_) return absl::OkStatus();
+  followers_stopped_ = true;
+  if (group_broken_) {
+    return absl::AbortedError("the TP group is out of step after a failed forward");
+  }
+  torch::Tensor header = torch::zeros({3}, torch::kInt64);
+  return Broadcast(*options_.group, header, 0);
+}
+
+absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
+    const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids) {
+  std::vector<SequenceCapture> out;
+  absl::Status status = CatchTorch("sglang forward", [&] {
+    torch::NoGradGuard no_grad;
+    const HfModelConfig& c = config_;
+    const int64_t n = ids.size(0), d = c.head_dim;
+    const int64_t q_heads = c.num_attention_heads / options_.tp_size;
+    const int64_t kv_heads = c.num_key_value_heads / options_.tp_size;
+    const int64_t q_size = q_heads * d, kv_size = kv_heads * d;
+    const int64_t inter = c.intermediate_size / options_.tp_size;
+    const double eps = c.rms_norm_eps;
+    auto reduce = [&](torch::Tensor& x) {
+      if (options_.tp_size > 1) {
+        absl::Status s = AllReduceSum(*options_.group, x);
+        if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+      }
+    };
+
+    // cu_seqlens, and positions restarting at 0 for every sequence.
+    std::vector<int64_t> offsets(lengths.size() + 1, 0);
+    std::vector<torch::Tensor> position_parts;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      offsets[s + 1] = offsets[s] + lengths[s];
+      position_parts.push_back(torch::arange(lengths[s], torch::kInt64));
+    }
+    auto [cos, sin] = rotary_->CosSin(torch::cat(position_parts), dtype_);
+    cos = cos.unsqueeze(1);  // [N, 1, D]: broadcast over heads
+    sin = sin.unsqueeze(1);
+
+    torch::Tensor h = embed_.index_select(0, ids);  // [N, H]
+    const auto& capture_ids = description_.capture_layer_ids;
+    std::vector<torch::Tensor> ordered(capture_ids.size());
+    nn::AttentionOptions attention;
+    attention.scale = 1.0 / std::sqrt(static_cast<double>(d));
+    attention.max_score_elements = options_.max_score_elements;
+
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const Layer& l = layers_[i];
+      torch::Tensor x = nn::RmsNorm(h, l.input_norm, eps);
+      torch::Tensor qkv = nn::Linear(x, l.qkv, l.qkv_bias);  // one matmul
+      torch::Tensor q = qkv.narrow(1, 0, q_size).reshape({n, q_heads, d});
+      torch::Tensor k = qkv.narrow(1, q_size, kv_size).reshape({n, kv_heads, d});
+      torch::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).reshape({n, kv_heads, d});
+      if (l.q_norm.defined()) {
+        q = nn::RmsNorm(q, l.q_norm, eps);
+        k = nn::RmsNorm(k, l.k_norm, eps);
+      }
+      q = nn::ApplyRotary(q, cos, sin);
+      k = nn::ApplyRotary(k, cos, sin);
+      attention.sliding_window = l.sliding_window;
+      // Ragged attention: each sequence segment attends causally to itself.
+      torch::Tensor a = torch::empty({n, q_heads, d}, q.options());
+      for (size_t s = 0; s < lengths.size(); ++s) {
+        auto segment = [&](const torch::Tensor& t) {
+          return t.narrow(0, offsets[s], lengths[s]).transpose(0, 1).unsqueeze(0).contiguous();
+        };
+        torch::Tensor o = nn::CausalAttention(segment(q), segment(k), segment(v), attention);
+        a.narrow(0, offsets[s], lengths[s]).copy_(o[0].transpose(0, 1));
+      }
+      a = torch::linear(a.view({n, q_size}), l.o);
+      reduce(a);
+      if (l.o_bias.defined()) a = a + l.o_bias;
+      h = h + a;
+
+      x = nn::RmsNorm(h, l.post_norm, eps);
+      torch::Tensor gate_up = nn::Linear(x, l.gate_up, l.gate_up_bias);  // one matmul
+      torch::Tensor m = torch::linear(
+          torch::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), l.down);
+      reduce(m);
+      if (l.down_bias.defined()) m = m + l.down_bias;
+      h = h + m;
+      for (size_t j = 0; j < capture_ids.size(); ++j) {
+        if (capture_ids[j] == i) ordered[j] = h;
+      }
+    }
+    torch::Tensor aux = torch::cat(ordered, -1);
+    torch::Tensor last = nn::RmsNorm(h, norm_, eps);
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      SequenceCapture capture;
+      capture.aux_hidden = aux.narrow(0, offsets[s], lengths[s]).contiguous();
+      capture.last_hidden = last.narrow(0, offsets[s], lengths[s]).contiguous();
+      if (want_target_ids && options_.tp_rank == 0) {
+        capture.target_ids = FullVocabArgmax(capture.last_hidden, lm_head_);
+      }
+      out.push_back(std::move(capture));
+    }
+  });
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace specstream::teacher

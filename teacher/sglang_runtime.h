@@ -1,0 +1,77 @@
+// The "sglang" target runtime: SGLang's execution model for dense Llama /
+// Qwen2 / Qwen3 / Mistral checkpoints in Hugging Face layout.
+//
+//   * Token-packed ragged batches: the sequences of one Forward call are
+//     concatenated into one [total_tokens, H] stream with per-sequence
+//     offsets (cu_seqlens); no padding is ever computed. Attention runs per
+//     sequence segment (causal), RoPE positions restart at each sequence.
+//   * Fused weights built at load time from the HF checkpoint:
+//     qkv_proj = cat(q, k, v) and gate_up_proj = cat(gate, up) (per TP rank:
+//     cat of the rank's shards, as SGLang's QKVParallelLinear and
+//     MergedColumnParallelLinear hold them), one matmul each.
+//   * Tensor parallelism as the hf runtime: column-parallel qkv/gate_up,
+//     row-parallel o/down, an all-reduce after each, the leader/follower
+//     protocol of TensorParallelRuntime.
+//
+// The captures (shared/DESIGN.md §3) equal the hf runtime's within fp32
+// rounding. MoE families (qwen3_moe, mixtral) are not served yet.
+#ifndef SPECSTREAM_TEACHER_SGLANG_RUNTIME_H_
+#define SPECSTREAM_TEACHER_SGLANG_RUNTIME_H_
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "common/hf_config.h"
+#include "common/torch/blocks.h"
+#include "teacher/tp_runtime.h"
+
+namespace specstream::teacher {
+
+using SglangRuntimeOptions = TargetRuntimeOptions;
+
+class SglangRuntime final : public TensorParallelRuntime {
+ public:
+  static absl::StatusOr<std::unique_ptr<SglangRuntime>> Create(SglangRuntimeOptions options);
+  ~SglangRuntime() override;
+
+  const ModelDescription& Describe() const override { return description_; }
+  absl::StatusOr<std::vector<SequenceCapture>> Forward(const ForwardRequest& request) override;
+
+  void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) override {
+    options_.group = std::move(group);
+  }
+  absl::Status RunFollower() override;
+  absl::Status StopFollowers() override;
+
+  const HfModelConfig& config() const { return config_; }
+
+ private:
+  struct Layer;
+  SglangRuntime() = default;
+  absl::Status Load();
+  // The computation every rank runs: ids int64 [N] packed, lengths summing
+  // to N.
+  absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
+                                                       const std::vector<int64_t>& lengths,
+                                                       bool want_target_ids);
+
+  SglangRuntimeOptions options_;
+  HfModelConfig config_;
+  ModelDescription description_;
+  torch::Dtype dtype_ = torch::kFloat32;
+  std::vector<Layer> layers_;
+  torch::Tensor embed_;    // [V, H]
+  torch::Tensor norm_;     // [H]
+  torch::Tensor lm_head_;  // [V, H] (the embedding when tied)
+  std::optional<nn::Rotary> rotary_;
+  bool followers_stopped_ = false;
+  bool group_broken_ = false;  // a collective failed mid-forward
+};
+
+}  // namespace specstream::teacher
+
+#endif  // SPECSTREAM_TEACHER_SGLANG_RUNTIME_H_

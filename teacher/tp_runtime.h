@@ -1,0 +1,49 @@
+// Options and the leader/follower interface shared by the target runtimes
+// that run tensor-parallel over c10d ("hf", "sglang"), so that one launcher
+// (teacher/tp_launcher.h) starts either.
+//
+// Under TP every rank loads its shard. Rank 0 is the leader: its Forward()
+// broadcasts the request to the other ranks, which sit in RunFollower() until
+// the leader calls StopFollowers(). With tp_size 1 there are no followers and
+// no process group is needed.
+#ifndef SPECSTREAM_TEACHER_TP_RUNTIME_H_
+#define SPECSTREAM_TEACHER_TP_RUNTIME_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "absl/status/status.h"
+#include "teacher/target_runtime.h"
+
+namespace specstream::teacher {
+
+struct TargetRuntimeOptions {
+  std::string model_dir;
+  // "auto" (config's torch_dtype; float16 computes in float32 on CPU),
+  // "float32" or "bfloat16".
+  std::string dtype = "auto";
+  std::vector<int> capture_layer_ids;  // empty: {1, L/2-1, L-4}
+  int tp_rank = 0;
+  int tp_size = 1;
+  // Required when tp_size > 1, before Forward/RunFollower; may be attached
+  // after Create (AttachGroup) so that loading errors surface first.
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  // Bound on attention score elements held at once (blockwise attention).
+  int64_t max_score_elements = int64_t{1} << 22;
+};
+
+class TensorParallelRuntime : public TargetRuntime {
+ public:
+  virtual void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) = 0;
+  // Followers (tp_rank > 0): serve the leader's broadcasts until stopped.
+  virtual absl::Status RunFollower() = 0;
+  // Leader: releases the followers; idempotent.
+  virtual absl::Status StopFollowers() = 0;
+};
+
+}  // namespace specstream::teacher
+
+#endif  // SPECSTREAM_TEACHER_TP_RUNTIME_H_

@@ -1,0 +1,261 @@
+// The sglang runtime against the hf runtime on tiny random dense checkpoints
+// (fp32): same captures for every family, packed ragged batches equal to one
+// sequence at a time, tensor parallelism, and the same refusals.
+#include "teacher/sglang_runtime.h"
+
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/torch/process_group.h"
+#include "gtest/gtest.h"
+#include "teacher/hf_runtime.h"
+#include "teacher/tp_launcher.h"
+#include "tests/testing/rank_threads.h"
+#include "tests/testing/testing.h"
+#include "tests/testing/tiny_model.h"
+
+namespace specstream::teacher {
+namespace {
+
+using specstream::testing::TempDir;
+using specstream::testing::TinyModelOptions;
+using specstream::testing::WriteTinyModel;
+
+constexpr double kRelTolerance = 1e-5;
+
+TargetRuntimeOptions Options(const std::string& dir) {
+  TargetRuntimeOptions options;
+  options.model_dir = dir;
+  options.dtype = "float32";
+  return options;
+}
+
+std::unique_ptr<SglangRuntime> LoadSglang(const std::string& dir) {
+  auto runtime = SglangRuntime::Create(Options(dir));
+  EXPECT_TRUE(runtime.ok()) << runtime.status();
+  return runtime.ok() ? std::move(*runtime) : nullptr;
+}
+
+std::unique_ptr<HfRuntime> LoadHf(const std::string& dir) {
+  auto runtime = HfRuntime::Create(Options(dir));
+  EXPECT_TRUE(runtime.ok()) << runtime.status();
+  return runtime.ok() ? std::move(*runtime) : nullptr;
+}
+
+std::vector<int32_t> Tokens(int n, int vocab, int seed) {
+  std::vector<int32_t> ids;
+  uint64_t state = static_cast<uint64_t>(seed) * 2654435761u + 1;
+  for (int i = 0; i < n; ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    ids.push_back(static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab)));
+  }
+  return ids;
+}
+
+// Max absolute difference, relative to max(|b|, 1).
+double RelDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  const double scale = std::max(b.abs().max().item<double>(), 1.0);
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>() / scale;
+}
+
+// Compares every capture; returns the largest relative difference seen.
+double ExpectSameCaptures(const std::vector<SequenceCapture>& got,
+                          const std::vector<SequenceCapture>& want, const std::string& what) {
+  double worst = 0;
+  EXPECT_EQ(got.size(), want.size()) << what;
+  for (size_t s = 0; s < std::min(got.size(), want.size()); ++s) {
+    const std::string where = what + " sequence " + std::to_string(s);
+    EXPECT_EQ(got[s].aux_hidden.sizes(), want[s].aux_hidden.sizes()) << where;
+    EXPECT_EQ(got[s].last_hidden.sizes(), want[s].last_hidden.sizes()) << where;
+    if (got[s].aux_hidden.sizes() != want[s].aux_hidden.sizes() ||
+        got[s].last_hidden.sizes() != want[s].last_hidden.sizes()) {
+      continue;
+    }
+    EXPECT_EQ(got[s].aux_hidden.scalar_type(), want[s].aux_hidden.scalar_type()) << where;
+    const double aux = RelDiff(got[s].aux_hidden, want[s].aux_hidden);
+    const double last = RelDiff(got[s].last_hidden, want[s].last_hidden);
+    EXPECT_LE(aux, kRelTolerance) << where << " aux_hidden";
+    EXPECT_LE(last, kRelTolerance) << where << " last_hidden";
+    worst = std::max({worst, aux, last});
+    EXPECT_EQ(got[s].target_ids.defined(), want[s].target_ids.defined()) << where;
+    if (want[s].target_ids.defined() && got[s].target_ids.defined()) {
+      EXPECT_TRUE(torch::equal(got[s].target_ids, want[s].target_ids)) << where << " target_ids";
+    }
+  }
+  return worst;
+}
+
+// Lengths skewed about 10:1, in an order that is neither sorted nor uniform.
+ForwardRequest SkewedRequest(int vocab) {
+  ForwardRequest request;
+  for (int n : {7, 70, 1, 12, 64, 3}) request.sequences.push_back(Tokens(n, vocab, n + 11));
+  request.want_target_ids = true;
+  return request;
+}
+
+TEST(SglangRuntimeTest, MatchesHfRuntimeForEveryDenseFamily) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "mistral"}) {
+    for (bool tie : {false, true}) {
+      TempDir dir;
+      TinyModelOptions model;
+      model.arch = arch;
+      model.tie_embeddings = tie;
+      model.shards = 2;
+      WriteTinyModel(dir.path(), model);
+      auto hf = LoadHf(dir.path());
+      auto sglang = LoadSglang(dir.path());
+      ASSERT_NE(hf, nullptr);
+      ASSERT_NE(sglang, nullptr);
+      EXPECT_EQ(sglang->Describe().runtime, "sglang");
+      EXPECT_EQ(sglang->Describe().capture_layer_ids, hf->Describe().capture_layer_ids);
+      EXPECT_EQ(sglang->Describe().hidden_size, hf->Describe().hidden_size);
+
+      const ForwardRequest request = SkewedRequest(model.vocab);
+      auto want = hf->Forward(request);
+      auto got = sglang->Forward(request);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(got.ok()) << got.status();
+      const std::string what = std::string(arch) + (tie ? " tied" : "");
+      const double worst = ExpectSameCaptures(*got, *want, what);
+      std::cout << "[ sglang vs hf ] " << what << ": max relative difference " << worst << "\n";
+    }
+  }
+}
+
+// Mistral's sliding window applies within each packed segment as it does in
+// each padded row (the window is shorter than the longer sequences).
+TEST(SglangRuntimeTest, SlidingWindowMatchesHf) {
+  TempDir dir;
+  TinyModelOptions model;
+  model.arch = "mistral";
+  model.edit_config = [](HfModelConfig& c) { c.sliding_window = 5; };
+  WriteTinyModel(dir.path(), model);
+  auto hf = LoadHf(dir.path());
+  auto sglang = LoadSglang(dir.path());
+  ASSERT_NE(hf, nullptr);
+  ASSERT_NE(sglang, nullptr);
+  const ForwardRequest request = SkewedRequest(model.vocab);
+  auto want = hf->Forward(request);
+  auto got = sglang->Forward(request);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  const double worst = ExpectSameCaptures(*got, *want, "mistral window 5");
+  std::cout << "[ sglang vs hf ] mistral sliding window 5: max relative difference " << worst
+            << "\n";
+}
+
+TEST(SglangRuntimeTest, PackedBatchEqualsOneSequenceAtATime) {
+  for (const char* arch : {"llama", "qwen3"}) {
+    TempDir dir;
+    TinyModelOptions model;
+    model.arch = arch;
+    WriteTinyModel(dir.path(), model);
+    auto sglang = LoadSglang(dir.path());
+    ASSERT_NE(sglang, nullptr);
+    const ForwardRequest packed = SkewedRequest(model.vocab);
+    auto got = sglang->Forward(packed);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<SequenceCapture> want;
+    for (const auto& seq : packed.sequences) {
+      ForwardRequest one;
+      one.sequences = {seq};
+      one.want_target_ids = true;
+      auto single = sglang->Forward(one);
+      ASSERT_TRUE(single.ok()) << single.status();
+      want.push_back((*single)[0]);
+    }
+    const double worst = ExpectSameCaptures(*got, want, arch);
+    std::cout << "[ packed vs one at a time ] " << arch << ": max relative difference " << worst
+              << "\n";
+  }
+}
+
+// A sequence's captures do not depend on its neighbours: the same sequence
+// packed after different ones gives the same rows (no cross-segment leak, RoPE
+// restarts at 0).
+TEST(SglangRuntimeTest, SegmentsDoNotSeeEachOther) {
+  TempDir dir;
+  TinyModelOptions model;
+  WriteTinyModel(dir.path(), model);
+  auto sglang = LoadSglang(dir.path());
+  ASSERT_NE(sglang, nullptr);
+  const auto probe = Tokens(9, model.vocab, 3);
+  ForwardRequest a, b;
+  a.sequences = {Tokens(20, model.vocab, 1), probe};
+  b.sequences = {Tokens(5, model.vocab, 2), probe};
+  auto ga = sglang->Forward(a);
+  auto gb = sglang->Forward(b);
+  ASSERT_TRUE(ga.ok() && gb.ok());
+  EXPECT_LE(RelDiff((*ga)[1].aux_hidden, (*gb)[1].aux_hidden), kRelTolerance);
+  EXPECT_LE(RelDiff((*ga)[1].last_hidden, (*gb)[1].last_hidden), kRelTolerance);
+}
+
+TEST(SglangRuntimeTest, TensorParallelTwoMatchesOne) {
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) {
+    TempDir dir;
+    TinyModelOptions model;
+    model.arch = arch;
+    WriteTinyModel(dir.path(), model);
+    auto single = LoadSglang(dir.path());
+    ASSERT_NE(single, nullptr);
+    const ForwardRequest request = SkewedRequest(model.vocab);
+    auto expected = single->Forward(request);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+
+    absl::StatusOr<std::vector<SequenceCapture>> got = absl::UnknownError("not run");
+    absl::Status status = specstream::testing::RunOnRankThreads(
+        2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
+          TargetRuntimeOptions options = Options(dir.path());
+          options.tp_rank = rank;
+          options.tp_size = 2;
+          options.group = group;
+          auto runtime = SglangRuntime::Create(options);
+          if (!runtime.ok()) return runtime.status();
+          if (rank == 1) return (*runtime)->RunFollower();
+          got = (*runtime)->Forward(request);
+          return (*runtime)->StopFollowers();
+        });
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(got.ok()) << got.status();
+    const double worst = ExpectSameCaptures(*got, *expected, arch);
+    std::cout << "[ sglang tp2 vs tp1 ] " << arch << ": max relative difference " << worst << "\n";
+  }
+}
+
+TEST(SglangRuntimeTest, BadRequestsAreRefusedAndRuntimeKeepsWorking) {
+  TempDir dir;
+  TinyModelOptions model;
+  WriteTinyModel(dir.path(), model);
+  auto sglang = LoadSglang(dir.path());
+  ASSERT_NE(sglang, nullptr);
+  ForwardRequest empty;
+  EXPECT_EQ(sglang->Forward(empty).status().code(), absl::StatusCode::kInvalidArgument);
+  ForwardRequest bad;
+  bad.sequences = {Tokens(4, model.vocab, 1), {}};
+  EXPECT_EQ(sglang->Forward(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.sequences = {{1, 2, model.vocab}};
+  EXPECT_EQ(sglang->Forward(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  ForwardRequest good;
+  good.sequences = {Tokens(4, model.vocab, 1)};
+  EXPECT_TRUE(sglang->Forward(good).ok());
+}
+
+TEST(SglangRuntimeTest, RuntimeIsChosenByName) {
+  TempDir dir;
+  TinyModelOptions model;
+  WriteTinyModel(dir.path(), model);
+  auto sglang = CreateTargetRuntime("sglang", Options(dir.path()));
+  ASSERT_TRUE(sglang.ok()) << sglang.status();
+  EXPECT_EQ((*sglang)->Describe().runtime, "sglang");
+  auto hf = CreateTargetRuntime("hf", Options(dir.path()));
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ((*hf)->Describe().runtime, "hf");
+  auto unknown = CreateTargetRuntime("vllm", Options(dir.path()));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("--runtime"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specstream::teacher
