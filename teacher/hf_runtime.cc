@@ -30,7 +30,7 @@ absl::Status HfRuntime::Load() {
     return absl::InvalidArgumentError(absl::StrCat(
         "model_type \"", c.model_type,
         "\" is a mixture-of-experts model; the hf runtime serves dense llama, qwen2, qwen3 "
-        "and mistral models (use --runtime sglang for MoE)"));
+        "and mistral models (mixture-of-experts families are not implemented yet)"));
   }
   const int tp = o.tp_size;
   RETURN_IF_ERROR(CheckTensorParallelLayout(c, o.tp_rank, tp));
