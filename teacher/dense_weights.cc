@@ -9,6 +9,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "teacher/tp_runtime.h"
 
 namespace specstream::teacher {
 namespace {
@@ -205,6 +206,37 @@ torch::Tensor FullVocabArgmax(const torch::Tensor& last_hidden, const torch::Ten
     target.narrow(0, r, rows).copy_(logits.argmax(-1).to(torch::kInt32));
   }
   return target;
+}
+
+absl::StatusOr<LoadedDenseModel> LoadDenseModel(const TargetRuntimeOptions& options,
+                                                const std::string& runtime_name) {
+  LoadedDenseModel out;
+  ASSIGN_OR_RETURN(out.config, LoadHfConfig(options.model_dir));
+  const HfModelConfig& c = out.config;
+  if (!IsDenseModelType(c.model_type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_type \"", c.model_type, "\" is not served by the ", runtime_name,
+                     " runtime yet: it serves dense llama, qwen2, qwen3 and mistral models "
+                     "(mixture-of-experts families are not implemented)"));
+  }
+  RETURN_IF_ERROR(CheckTensorParallelLayout(c, options.tp_rank, options.tp_size));
+  ModelDescription& d = out.description;
+  ASSIGN_OR_RETURN(d.dtype, ResolveComputeDtype(options.dtype, c));
+  ASSIGN_OR_RETURN(d.capture_layer_ids, ResolveCaptureLayers(options.capture_layer_ids, c));
+  ASSIGN_OR_RETURN(out.weights, LoadDenseWeights(options.model_dir, c, d.dtype, options.tp_rank,
+                                                 options.tp_size));
+  d.model_type = c.model_type;
+  d.runtime = runtime_name;
+  d.hidden_size = c.hidden_size;
+  d.vocab_size = c.vocab_size;
+  d.num_layers = c.num_hidden_layers;
+  d.max_position_embeddings = c.max_position_embeddings;
+  d.tp_size = options.tp_size;
+  SS_LOG_INFO("{} runtime: {} with {} layers, hidden {}, vocab {}, {} on TP rank {}/{}, capture {}",
+              runtime_name, c.model_type, c.num_hidden_layers, c.hidden_size, c.vocab_size,
+              c10::toString(d.dtype), options.tp_rank, options.tp_size,
+              absl::StrJoin(d.capture_layer_ids, ","));
+  return out;
 }
 
 }  // namespace specstream::teacher

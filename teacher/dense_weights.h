@@ -52,6 +52,19 @@ absl::StatusOr<std::vector<int>> ResolveCaptureLayers(const std::vector<int>& re
 // tp_size and the rank is in range.
 absl::Status CheckTensorParallelLayout(const HfModelConfig& config, int tp_rank, int tp_size);
 
+struct TargetRuntimeOptions;
+
+// What both dense runtimes load the same way: the config (a dense family),
+// the tensor-parallel layout check, dtype, capture layers, the rank's weights
+// and the description (runtime = `runtime_name`). Errors name the runtime.
+struct LoadedDenseModel {
+  HfModelConfig config;
+  DenseModelWeights weights;
+  ModelDescription description;
+};
+absl::StatusOr<LoadedDenseModel> LoadDenseModel(const TargetRuntimeOptions& options,
+                                                const std::string& runtime_name);
+
 // Reads every dense tensor, checking shapes against the config and slicing
 // for the rank; warns about checkpoint tensors left unused.
 absl::StatusOr<DenseModelWeights> LoadDenseWeights(const std::string& model_dir,

@@ -4,7 +4,6 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
@@ -45,21 +44,12 @@ absl::StatusOr<std::unique_ptr<SglangRuntime>> SglangRuntime::Create(SglangRunti
 }
 
 absl::Status SglangRuntime::Load() {
-  const SglangRuntimeOptions& o = options_;
-  ASSIGN_OR_RETURN(config_, LoadHfConfig(o.model_dir));
+  ASSIGN_OR_RETURN(LoadedDenseModel model, LoadDenseModel(options_, "sglang"));
+  config_ = std::move(model.config);
+  description_ = std::move(model.description);
+  dtype_ = description_.dtype;
+  DenseModelWeights& weights = model.weights;
   const HfModelConfig& c = config_;
-  if (!IsDenseModelType(c.model_type)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model_type \"", c.model_type,
-        "\" is not served by the sglang runtime yet: it serves dense llama, qwen2, qwen3 and "
-        "mistral models (mixture-of-experts families are not implemented)"));
-  }
-  const int tp = o.tp_size;
-  RETURN_IF_ERROR(CheckTensorParallelLayout(c, o.tp_rank, tp));
-  ASSIGN_OR_RETURN(dtype_, ResolveComputeDtype(o.dtype, c));
-  ASSIGN_OR_RETURN(std::vector<int> capture, ResolveCaptureLayers(o.capture_layer_ids, c));
-  ASSIGN_OR_RETURN(DenseModelWeights weights,
-                   LoadDenseWeights(o.model_dir, c, dtype_, o.tp_rank, tp));
   embed_ = weights.embed;
   norm_ = weights.norm;
   lm_head_ = weights.lm_head;
@@ -85,24 +75,9 @@ absl::Status SglangRuntime::Load() {
       w = DenseLayerWeights();
     }
   }));
-  const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
-  ASSIGN_OR_RETURN(auto rotary,
-                   nn::Rotary::Create(D, c.rope_theta, c.rope_scaling, c.max_position_embeddings));
+  ASSIGN_OR_RETURN(auto rotary, nn::Rotary::Create(c.head_dim, c.rope_theta, c.rope_scaling,
+                                                   c.max_position_embeddings));
   rotary_.emplace(std::move(rotary));
-
-  description_.model_type = c.model_type;
-  description_.runtime = "sglang";
-  description_.hidden_size = H;
-  description_.vocab_size = V;
-  description_.num_layers = c.num_hidden_layers;
-  description_.max_position_embeddings = c.max_position_embeddings;
-  description_.capture_layer_ids = capture;
-  description_.dtype = dtype_;
-  description_.tp_size = tp;
-  SS_LOG_INFO(
-      "sglang runtime: {} with {} layers, hidden {}, vocab {}, {} on TP rank {}/{}, capture {}",
-      c.model_type, c.num_hidden_layers, H, V, c10::toString(dtype_), o.tp_rank, tp,
-      absl::StrJoin(capture, ","));
   return absl::OkStatus();
 }
 
