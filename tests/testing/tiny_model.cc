@@ -48,4 +48,14 @@ void WriteTokenizedSamples(const std::string& path, int samples, uint64_t seed, 
   WriteFile(path, data);
 }
 
+std::vector<int32_t> RandomTokens(int n, int vocab, int seed) {
+  std::vector<int32_t> ids;
+  uint64_t state = static_cast<uint64_t>(seed) * 2654435761u + 1;
+  for (int i = 0; i < n; ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    ids.push_back(static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab)));
+  }
+  return ids;
+}
+
 }  // namespace specstream::testing

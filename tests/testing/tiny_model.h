@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/hf_config.h"
 
@@ -36,6 +37,9 @@ void WriteTinyModel(const std::string& dir, const TinyModelOptions& options);
 // by a 64-bit LCG seeded with `seed`, the first three masked out.
 void WriteTokenizedSamples(const std::string& path, int samples, uint64_t seed, int stride,
                            int vocab);
+
+// `n` token ids in [0, vocab) from a 64-bit LCG seeded with `seed`.
+std::vector<int32_t> RandomTokens(int n, int vocab, int seed);
 
 }  // namespace specstream::testing
 

@@ -28,6 +28,7 @@
 namespace specstream::teacher {
 namespace {
 
+using specstream::testing::RandomTokens;
 using specstream::testing::TempDir;
 using specstream::testing::TinyModelOptions;
 using specstream::testing::WriteTinyModel;
@@ -42,16 +43,6 @@ std::unique_ptr<HfRuntime> Load(const std::string& dir, std::vector<int> capture
   auto runtime = HfRuntime::Create(options);
   EXPECT_TRUE(runtime.ok()) << runtime.status();
   return runtime.ok() ? std::move(*runtime) : nullptr;
-}
-
-std::vector<int32_t> Tokens(int n, int vocab, int seed) {
-  std::vector<int32_t> ids;
-  uint64_t state = static_cast<uint64_t>(seed) * 2654435761u + 1;
-  for (int i = 0; i < n; ++i) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    ids.push_back(static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab)));
-  }
-  return ids;
 }
 
 SequenceCapture ForwardOne(HfRuntime& runtime, const std::vector<int32_t>& ids,
@@ -241,8 +232,8 @@ TEST(HfFamiliesTest, EveryFamilyMatchesTheReferenceLayer) {
     ASSERT_NE(runtime, nullptr) << arch;
     const int64_t d = runtime->config().head_dim;
     RefRope rope{DefaultInvFreq(d, runtime->config().rope_theta), 1.0, Positions(13)};
-    ExpectLayersMatchReference(dir.path(), *runtime, Tokens(13, model.vocab, 1), rope, std::nullopt,
-                               arch);
+    ExpectLayersMatchReference(dir.path(), *runtime, RandomTokens(13, model.vocab, 1), rope,
+                               std::nullopt, arch);
   }
 }
 
@@ -252,7 +243,7 @@ TEST(HfFamiliesTest, Qwen2QkvBiasesAreUsed) {
   model.arch = "qwen2";
   model.layers = 2;
   WriteTinyModel(dir.path(), model);
-  std::vector<int32_t> ids = Tokens(10, model.vocab, 2);
+  std::vector<int32_t> ids = RandomTokens(10, model.vocab, 2);
   SequenceCapture with_bias;
   {
     auto runtime = Load(dir.path(), {0, 1});
@@ -282,7 +273,7 @@ TEST(HfFamiliesTest, Qwen3QkNormsAreUsed) {
   model.arch = "qwen3";
   model.layers = 2;
   WriteTinyModel(dir.path(), model);
-  std::vector<int32_t> ids = Tokens(10, model.vocab, 3);
+  std::vector<int32_t> ids = RandomTokens(10, model.vocab, 3);
   SequenceCapture ones;
   {
     auto runtime = Load(dir.path(), {0, 1});
@@ -317,7 +308,7 @@ TEST(HfFamiliesTest, TiedEmbeddingsAreTheLmHead) {
   EXPECT_EQ(w.count("lm_head.weight"), 0u);
   auto runtime = Load(dir.path(), {0, 1});
   ASSERT_NE(runtime, nullptr);
-  SequenceCapture c = ForwardOne(*runtime, Tokens(40, model.vocab, 4), true);
+  SequenceCapture c = ForwardOne(*runtime, RandomTokens(40, model.vocab, 4), true);
   torch::Tensor logits =
       torch::matmul(c.last_hidden.to(torch::kFloat64), w.at("model.embed_tokens.weight").t());
   EXPECT_TRUE(torch::equal(c.target_ids, logits.argmax(-1).to(torch::kInt32)));
@@ -332,7 +323,7 @@ TEST(HfFamiliesTest, TiedEmbeddingsAreTheLmHead) {
   ASSERT_EQ(wu.count("lm_head.weight"), 1u);
   auto untied = Load(untied_dir.path(), {0, 1});
   ASSERT_NE(untied, nullptr);
-  SequenceCapture u = ForwardOne(*untied, Tokens(40, model.vocab, 4), true);
+  SequenceCapture u = ForwardOne(*untied, RandomTokens(40, model.vocab, 4), true);
   torch::Tensor untied_logits =
       torch::matmul(u.last_hidden.to(torch::kFloat64), wu.at("lm_head.weight").t());
   EXPECT_TRUE(torch::equal(u.target_ids, untied_logits.argmax(-1).to(torch::kInt32)));
@@ -381,7 +372,7 @@ TEST(HfFamiliesTest, RopeScalingKindsMatchTheirFormulas) {
   }
   TinyModelOptions model;
   model.layers = 2;
-  std::vector<int32_t> ids = Tokens(t, model.vocab, 5);
+  std::vector<int32_t> ids = RandomTokens(t, model.vocab, 5);
   TempDir plain_dir;
   WriteTinyModel(plain_dir.path(), model);
   auto plain = Load(plain_dir.path(), {0, 1});
@@ -412,7 +403,7 @@ TEST(HfFamiliesTest, MistralSlidingWindow) {
   TinyModelOptions model;
   model.arch = "mistral";
   model.layers = 2;
-  std::vector<int32_t> ids = Tokens(t, model.vocab, 6);
+  std::vector<int32_t> ids = RandomTokens(t, model.vocab, 6);
   TempDir full_dir, window_dir;
   WriteTinyModel(full_dir.path(), model);
   model.edit_config = [](HfModelConfig& c) { c.sliding_window = 4; };
@@ -451,7 +442,7 @@ TEST(HfFamiliesTest, ShardedCheckpointEqualsSingleFile) {
     ASSERT_NE(a, nullptr);
     ASSERT_NE(b, nullptr);
     ForwardRequest request;
-    request.sequences = {Tokens(9, model.vocab, 7), Tokens(20, model.vocab, 8)};
+    request.sequences = {RandomTokens(9, model.vocab, 7), RandomTokens(20, model.vocab, 8)};
     request.want_target_ids = true;
     auto x = a->Forward(request);
     auto y = b->Forward(request);
@@ -474,18 +465,18 @@ TEST(HfFamiliesTest, MaxPositionEmbeddingsIsEnforced) {
   ASSERT_NE(runtime, nullptr);
   EXPECT_EQ(runtime->Describe().max_position_embeddings, 16);
   ForwardRequest request;
-  request.sequences = {Tokens(16, model.vocab, 9)};
+  request.sequences = {RandomTokens(16, model.vocab, 9)};
   EXPECT_TRUE(runtime->Forward(request).ok());
-  request.sequences = {Tokens(3, model.vocab, 9), Tokens(17, model.vocab, 9)};
+  request.sequences = {RandomTokens(3, model.vocab, 9), RandomTokens(17, model.vocab, 9)};
   auto refused = runtime->Forward(request);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_NE(refused.status().message().find("max_position_embeddings"), std::string::npos)
       << refused.status();
   EXPECT_NE(refused.status().message().find("sequence 1"), std::string::npos) << refused.status();
-  EXPECT_EQ(runtime->HiddenStates(Tokens(17, model.vocab, 9)).status().code(),
+  EXPECT_EQ(runtime->HiddenStates(RandomTokens(17, model.vocab, 9)).status().code(),
             absl::StatusCode::kInvalidArgument);
   // Still usable.
-  request.sequences = {Tokens(5, model.vocab, 10)};
+  request.sequences = {RandomTokens(5, model.vocab, 10)};
   EXPECT_TRUE(runtime->Forward(request).ok());
 }
 
@@ -504,7 +495,7 @@ TEST(HfFamiliesLongTest, LongSequenceIsCausalUnderBlockwiseAttention) {
   // Blocks of max_score_elements / (heads * T) = 128 query rows.
   auto runtime = Load(dir.path(), {0, 1}, int64_t{4} * kLong * 128);
   ASSERT_NE(runtime, nullptr);
-  std::vector<int32_t> ids = Tokens(kLong, model.vocab, 11);
+  std::vector<int32_t> ids = RandomTokens(kLong, model.vocab, 11);
   auto start = std::chrono::steady_clock::now();
   SequenceCapture long_run = ForwardOne(*runtime, ids);
   const double seconds =

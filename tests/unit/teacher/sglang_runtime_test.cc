@@ -19,6 +19,7 @@
 namespace specstream::teacher {
 namespace {
 
+using specstream::testing::RandomTokens;
 using specstream::testing::TempDir;
 using specstream::testing::TinyModelOptions;
 using specstream::testing::WriteTinyModel;
@@ -42,16 +43,6 @@ std::unique_ptr<HfRuntime> LoadHf(const std::string& dir) {
   auto runtime = HfRuntime::Create(Options(dir));
   EXPECT_TRUE(runtime.ok()) << runtime.status();
   return runtime.ok() ? std::move(*runtime) : nullptr;
-}
-
-std::vector<int32_t> Tokens(int n, int vocab, int seed) {
-  std::vector<int32_t> ids;
-  uint64_t state = static_cast<uint64_t>(seed) * 2654435761u + 1;
-  for (int i = 0; i < n; ++i) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    ids.push_back(static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab)));
-  }
-  return ids;
 }
 
 // Max absolute difference, relative to max(|b|, 1).
@@ -90,7 +81,7 @@ double ExpectSameCaptures(const std::vector<SequenceCapture>& got,
 // Lengths skewed about 10:1, in an order that is neither sorted nor uniform.
 ForwardRequest SkewedRequest(int vocab) {
   ForwardRequest request;
-  for (int n : {7, 70, 1, 12, 64, 3}) request.sequences.push_back(Tokens(n, vocab, n + 11));
+  for (int n : {7, 70, 1, 12, 64, 3}) request.sequences.push_back(RandomTokens(n, vocab, n + 11));
   request.want_target_ids = true;
   return request;
 }
@@ -181,10 +172,10 @@ TEST(SglangRuntimeTest, SegmentsDoNotSeeEachOther) {
   WriteTinyModel(dir.path(), model);
   auto sglang = LoadSglang(dir.path());
   ASSERT_NE(sglang, nullptr);
-  const auto probe = Tokens(9, model.vocab, 3);
+  const auto probe = RandomTokens(9, model.vocab, 3);
   ForwardRequest a, b;
-  a.sequences = {Tokens(20, model.vocab, 1), probe};
-  b.sequences = {Tokens(5, model.vocab, 2), probe};
+  a.sequences = {RandomTokens(20, model.vocab, 1), probe};
+  b.sequences = {RandomTokens(5, model.vocab, 2), probe};
   auto ga = sglang->Forward(a);
   auto gb = sglang->Forward(b);
   ASSERT_TRUE(ga.ok() && gb.ok());
@@ -233,12 +224,12 @@ TEST(SglangRuntimeTest, BadRequestsAreRefusedAndRuntimeKeepsWorking) {
   ForwardRequest empty;
   EXPECT_EQ(sglang->Forward(empty).status().code(), absl::StatusCode::kInvalidArgument);
   ForwardRequest bad;
-  bad.sequences = {Tokens(4, model.vocab, 1), {}};
+  bad.sequences = {RandomTokens(4, model.vocab, 1), {}};
   EXPECT_EQ(sglang->Forward(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad.sequences = {{1, 2, model.vocab}};
   EXPECT_EQ(sglang->Forward(bad).status().code(), absl::StatusCode::kInvalidArgument);
   ForwardRequest good;
-  good.sequences = {Tokens(4, model.vocab, 1)};
+  good.sequences = {RandomTokens(4, model.vocab, 1)};
   EXPECT_TRUE(sglang->Forward(good).ok());
 }
 
