@@ -7,7 +7,7 @@
 #include "common/status.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"
-#include "teacher/dense_weights.h"
+#include "teacher/model_weights.h"
 
 namespace specstream::teacher {
 
@@ -22,11 +22,11 @@ absl::StatusOr<std::unique_ptr<HfRuntime>> HfRuntime::Create(HfRuntimeOptions op
 }
 
 absl::Status HfRuntime::Load() {
-  ASSIGN_OR_RETURN(LoadedDenseModel model, LoadDenseModel(options_, "hf"));
+  ASSIGN_OR_RETURN(LoadedModel model, LoadTargetModel(options_, "hf", /*allow_moe=*/false));
   config_ = std::move(model.config);
   description_ = std::move(model.description);
   dtype_ = description_.dtype;
-  weights_ = std::make_unique<DenseModelWeights>(std::move(model.weights));
+  weights_ = std::make_unique<ModelWeights>(std::move(model.weights));
   const HfModelConfig& c = config_;
   ASSIGN_OR_RETURN(auto rotary, nn::Rotary::Create(c.head_dim, c.rope_theta, c.rope_scaling,
                                                    c.max_position_embeddings));
@@ -149,7 +149,7 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(
     attention.max_score_elements = options_.max_score_elements;
 
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      const DenseLayerWeights& l = weights_->layers[i];
+      const LayerWeights& l = weights_->layers[i];
       torch::Tensor x = nn::RmsNorm(h, l.input_norm, eps);
       torch::Tensor q = nn::Linear(x, l.q, l.q_bias).view({batch, t, q_heads, d});
       torch::Tensor k = nn::Linear(x, l.k, l.k_bias).view({batch, t, kv_heads, d});

@@ -22,7 +22,7 @@
 
 namespace specstream::teacher {
 
-struct DenseModelWeights;
+struct ModelWeights;
 
 using HfRuntimeOptions = TargetRuntimeOptions;
 
@@ -61,7 +61,7 @@ class HfRuntime final : public TensorParallelRuntime {
   HfModelConfig config_;
   ModelDescription description_;
   torch::Dtype dtype_ = torch::kFloat32;
-  std::unique_ptr<DenseModelWeights> weights_;
+  std::unique_ptr<ModelWeights> weights_;
   std::optional<nn::Rotary> rotary_;
   bool followers_stopped_ = false;
   bool group_broken_ = false;  // a collective failed mid-forward

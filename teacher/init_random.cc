@@ -49,10 +49,9 @@ struct TensorPlan {
 };
 
 constexpr const char* kArchs[][2] = {
-    {"llama", "LlamaForCausalLM"},
-    {"qwen2", "Qwen2ForCausalLM"},
-    {"qwen3", "Qwen3ForCausalLM"},
-    {"mistral", "MistralForCausalLM"},
+    {"llama", "LlamaForCausalLM"},        {"qwen2", "Qwen2ForCausalLM"},
+    {"qwen3", "Qwen3ForCausalLM"},        {"mistral", "MistralForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"mixtral", "MixtralForCausalLM"},
 };
 
 // Beyond this a single tensor is surely a typo (2^40 elements = 4 TiB f32).
@@ -165,13 +164,39 @@ std::vector<TensorPlan> PlanTensors(const HfModelConfig& c) {
     uniform(attn + "v_proj.weight", {kv_width, h}, in_scale(h));
     if (qkv_bias) uniform(attn + "v_proj.bias", {kv_width}, kBiasStd);
     uniform(attn + "o_proj.weight", {h, q_width}, out_scale(q_width));
-    if (c.model_type == "qwen3") {
+    if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
       ones(attn + "q_norm.weight", {c.head_dim});
       ones(attn + "k_norm.weight", {c.head_dim});
     }
-    uniform(mlp + "gate_proj.weight", {inter, h}, in_scale(h));
-    uniform(mlp + "up_proj.weight", {inter, h}, in_scale(h));
-    uniform(mlp + "down_proj.weight", {h, inter}, out_scale(inter));
+    if (c.IsMoeLayer(i)) {
+      // The router's logits are O(1), so tokens spread over the experts; the
+      // renormalised top-k mix keeps the branch at one MLP's scale.
+      const bool mixtral = c.model_type == "mixtral";
+      const std::string moe =
+          absl::StrCat("model.layers.", i, mixtral ? ".block_sparse_moe." : ".mlp.");
+      const int64_t expert_inter = mixtral ? c.intermediate_size : c.moe_intermediate_size;
+      uniform(moe + "gate.weight", {c.num_experts, h}, in_scale(h));
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string expert = absl::StrCat(moe, "experts.", e, ".");
+        uniform(expert + (mixtral ? "w1.weight" : "gate_proj.weight"), {expert_inter, h},
+                in_scale(h));
+        uniform(expert + (mixtral ? "w3.weight" : "up_proj.weight"), {expert_inter, h},
+                in_scale(h));
+        uniform(expert + (mixtral ? "w2.weight" : "down_proj.weight"), {h, expert_inter},
+                out_scale(expert_inter));
+      }
+      if (c.shared_expert_intermediate_size) {
+        const int64_t shared = *c.shared_expert_intermediate_size;
+        uniform(mlp + "shared_expert.gate_proj.weight", {shared, h}, in_scale(h));
+        uniform(mlp + "shared_expert.up_proj.weight", {shared, h}, in_scale(h));
+        uniform(mlp + "shared_expert.down_proj.weight", {h, shared}, out_scale(shared));
+        uniform(mlp + "shared_expert_gate.weight", {1, h}, in_scale(h));
+      }
+    } else {
+      uniform(mlp + "gate_proj.weight", {inter, h}, in_scale(h));
+      uniform(mlp + "up_proj.weight", {inter, h}, in_scale(h));
+      uniform(mlp + "down_proj.weight", {h, inter}, out_scale(inter));
+    }
     ones(absl::StrCat("model.layers.", i, ".input_layernorm.weight"), {h});
     ones(absl::StrCat("model.layers.", i, ".post_attention_layernorm.weight"), {h});
   }
@@ -221,8 +246,33 @@ absl::StatusOr<HfModelConfig> MakeRandomConfig(const InitRandomOptions& options)
     if (options.arch == arch[0]) architecture = arch[1];
   }
   if (architecture == nullptr) {
-    return FlagError("arch", absl::StrCat("unknown architecture \"", options.arch,
-                                          "\" (expected llama, qwen2, qwen3 or mistral)"));
+    return FlagError(
+        "arch", absl::StrCat("unknown architecture \"", options.arch,
+                             "\" (expected llama, qwen2, qwen3, mistral, qwen3_moe or mixtral)"));
+  }
+  const bool moe = options.arch == "qwen3_moe" || options.arch == "mixtral";
+  if (moe) {
+    RETURN_IF_ERROR(Positive("experts", options.experts));
+    RETURN_IF_ERROR(Positive("top-k", options.top_k));
+    if (options.top_k > options.experts) {
+      return FlagError("top-k",
+                       absl::StrCat(options.top_k, " exceeds --experts ", options.experts));
+    }
+  } else if (options.experts != 0 || options.top_k != 0) {
+    return FlagError(options.experts != 0 ? "experts" : "top-k",
+                     absl::StrCat("only mixture-of-experts architectures (qwen3_moe, mixtral) "
+                                  "have experts; --arch is ",
+                                  options.arch));
+  }
+  if (options.shared_expert_intermediate < 0 ||
+      (options.shared_expert_intermediate > 0 && options.arch != "qwen3_moe")) {
+    return FlagError(
+        "shared-expert-intermediate",
+        options.shared_expert_intermediate < 0
+            ? absl::StrCat("must be positive, got ", options.shared_expert_intermediate)
+            : absl::StrCat("only qwen3_moe checkpoints here carry a shared expert; "
+                           "--arch is ",
+                           options.arch));
   }
   RETURN_IF_ERROR(Positive("layers", options.layers));
   RETURN_IF_ERROR(Positive("hidden", options.hidden));
@@ -268,7 +318,23 @@ absl::StatusOr<HfModelConfig> MakeRandomConfig(const InitRandomOptions& options)
   c.attention_bias = options.arch == "qwen2";
   c.hidden_act = "silu";
   c.sliding_window.reset();
-  if (options.arch == "qwen2" || options.arch == "qwen3") c.max_window_layers = options.layers;
+  if (options.arch == "qwen2" || options.arch == "qwen3" || options.arch == "qwen3_moe") {
+    c.max_window_layers = options.layers;
+  }
+  if (moe) {
+    c.num_experts = options.experts;
+    c.num_experts_per_tok = options.top_k;
+    c.norm_topk_prob = true;  // as released Qwen3-MoE checkpoints; mixtral always does
+    if (options.arch == "qwen3_moe") {
+      c.moe_intermediate_size = options.intermediate;
+      c.router_aux_loss_coef = 0.001;
+      if (options.shared_expert_intermediate > 0) {
+        c.shared_expert_intermediate_size = options.shared_expert_intermediate;
+      }
+    } else {
+      c.router_aux_loss_coef = 0.02;
+    }
+  }
   c.torch_dtype = options.dtype;
 
   // Sizes that overflow or could never be allocated, named by flag.

@@ -1,4 +1,4 @@
-// `specstream-teacher init-random`: a randomly initialised dense teacher
+// `specstream-teacher init-random`: a randomly initialised dense or MoE teacher
 // checkpoint in Hugging Face layout, for tests and demos that need a target
 // model but cannot download one. The weights are a deterministic function of
 // the options (same seed, same bytes, on every platform); the init is chosen
@@ -30,7 +30,7 @@ namespace specstream::teacher {
 
 // One field per CLI flag; errors name the flag.
 struct InitRandomOptions {
-  std::string arch;                // --arch: llama, qwen2, qwen3 or mistral.
+  std::string arch;                // --arch: llama, qwen2, qwen3, mistral, qwen3_moe or mixtral.
   int64_t layers = 0;              // --layers: decoder layers.
   int64_t hidden = 0;              // --hidden: hidden size H.
   int64_t heads = 0;               // --heads: attention heads A.
@@ -45,11 +45,17 @@ struct InitRandomOptions {
   int64_t max_position = 4096;     // --max-position: max_position_embeddings.
   double rope_theta = 10000.0;     // --rope-theta.
   std::string out;                 // --out: output directory (created if needed).
+  // Mixture of experts (qwen3_moe, mixtral only; 0 for dense archs).
+  int64_t experts = 0;                     // --experts E.
+  int64_t top_k = 0;                       // --top-k K (1 <= K <= E).
+  int64_t shared_expert_intermediate = 0;  // --shared-expert-intermediate (qwen3_moe; 0: none).
 };
 
 // The config.json the checkpoint gets: model_type = arch, architectures
-// {Llama,Qwen2,Qwen3,Mistral}ForCausalLM, the given sizes, torch_dtype =
-// dtype, no sliding window, no rope scaling. InvalidArgument naming the flag
+// {Llama,Qwen2,Qwen3,Mistral,Qwen3Moe,Mixtral}ForCausalLM, the given sizes,
+// torch_dtype = dtype, no sliding window, no rope scaling. MoE archs: every
+// layer sparse, E experts of --intermediate each, top-K renormalised
+// (norm_topk_prob true). InvalidArgument naming the flag
 // (e.g. `--kv-heads: 3 does not divide --heads 8`) for a bad option; `out`
 // and `shards` are not looked at.
 absl::StatusOr<HfModelConfig> MakeRandomConfig(const InitRandomOptions& options);
@@ -57,9 +63,15 @@ absl::StatusOr<HfModelConfig> MakeRandomConfig(const InitRandomOptions& options)
 // Validates `options` (all flags, `out` and `shards` included: 1 <= shards <=
 // number of tensors) and writes the checkpoint. Tensors, per layer i:
 //   model.layers.i.self_attn.{q_proj [A*D,H], k_proj [B*D,H], v_proj [B*D,H],
-//     o_proj [H,A*D]}.weight; qwen2: {q,k,v}_proj.bias; qwen3:
-//     self_attn.{q_norm,k_norm}.weight [D];
-//   model.layers.i.mlp.{gate_proj [I,H], up_proj [I,H], down_proj [H,I]}.weight;
+//     o_proj [H,A*D]}.weight; qwen2: {q,k,v}_proj.bias; qwen3 and
+//     qwen3_moe: self_attn.{q_norm,k_norm}.weight [D];
+//   model.layers.i.mlp.{gate_proj [I,H], up_proj [I,H], down_proj [H,I]}.weight
+//     (dense archs); qwen3_moe: mlp.gate.weight [E,H] and
+//     mlp.experts.e.{gate_proj,up_proj,down_proj}.weight, plus with a shared
+//     expert mlp.shared_expert.{gate,up,down}_proj.weight and
+//     mlp.shared_expert_gate.weight [1,H]; mixtral: block_sparse_moe.gate.weight
+//     [E,H] and block_sparse_moe.experts.e.{w1 (gate), w3 (up) [I,H], w2 (down)
+//     [H,I]}.weight;
 //   model.layers.i.{input_layernorm,post_attention_layernorm}.weight [H];
 // plus model.embed_tokens.weight [V,H], model.norm.weight [H] and, unless
 // tied, lm_head.weight [V,H]. Each tensor's values depend only on the seed

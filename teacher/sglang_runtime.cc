@@ -8,7 +8,8 @@
 #include "common/status.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"
-#include "teacher/dense_weights.h"
+#include "teacher/model_weights.h"
+#include "teacher/moe.h"
 
 namespace specstream::teacher {
 
@@ -20,10 +21,24 @@ struct SglangRuntime::Layer {
   torch::Tensor q_norm, k_norm;
   torch::Tensor gate_up, gate_up_bias;  // [2 I / tp, H]: cat(gate, up) shards
   torch::Tensor down, down_bias;
+  // Sparse layers: the router, this rank's experts, and the shared expert
+  // (gate_up/down shards like a dense MLP) where the model has one.
+  bool sparse = false;
+  torch::Tensor router;
+  moe::Experts experts;
+  torch::Tensor shared_gate_up, shared_down, shared_expert_gate;
   std::optional<int64_t> sliding_window;
 };
 
 namespace {
+
+// down(silu(gate x) * up x) with gate and up fused into one matmul.
+torch::Tensor FusedMlp(const torch::Tensor& x, const torch::Tensor& gate_up,
+                       const torch::Tensor& gate_up_bias, const torch::Tensor& down) {
+  torch::Tensor y = nn::Linear(x, gate_up, gate_up_bias);
+  const int64_t inter = gate_up.size(0) / 2;
+  return torch::linear(torch::silu(y.narrow(1, 0, inter)) * y.narrow(1, inter, inter), down);
+}
 
 torch::Tensor CatDefined(const torch::Tensor& a, const torch::Tensor& b,
                          const torch::Tensor& c = {}) {
@@ -44,11 +59,14 @@ absl::StatusOr<std::unique_ptr<SglangRuntime>> SglangRuntime::Create(SglangRunti
 }
 
 absl::Status SglangRuntime::Load() {
-  ASSIGN_OR_RETURN(LoadedDenseModel model, LoadDenseModel(options_, "sglang"));
+  if (options_.moe_per_token_loop && options_.tp_size != 1) {
+    return absl::InvalidArgumentError("the per-token expert loop runs on one rank (tp_size 1)");
+  }
+  ASSIGN_OR_RETURN(LoadedModel model, LoadTargetModel(options_, "sglang", /*allow_moe=*/true));
   config_ = std::move(model.config);
   description_ = std::move(model.description);
   dtype_ = description_.dtype;
-  DenseModelWeights& weights = model.weights;
+  ModelWeights& weights = model.weights;
   const HfModelConfig& c = config_;
   embed_ = weights.embed;
   norm_ = weights.norm;
@@ -57,7 +75,7 @@ absl::Status SglangRuntime::Load() {
   // Fuse once here; the separate tensors are released with `weights`.
   RETURN_IF_ERROR(CatchTorch("fusing qkv and gate_up", [&] {
     for (size_t i = 0; i < weights.layers.size(); ++i) {
-      DenseLayerWeights& w = weights.layers[i];
+      LayerWeights& w = weights.layers[i];
       Layer& l = layers_[i];
       l.input_norm = w.input_norm;
       l.post_norm = w.post_norm;
@@ -67,12 +85,23 @@ absl::Status SglangRuntime::Load() {
       l.o_bias = w.o_bias;
       l.q_norm = w.q_norm;
       l.k_norm = w.k_norm;
-      l.gate_up = torch::cat({w.gate, w.up}, 0);
-      l.gate_up_bias = CatDefined(w.gate_bias, w.up_bias);
-      l.down = w.down;
-      l.down_bias = w.down_bias;
+      if (w.moe) {
+        l.sparse = true;
+        l.router = w.moe->router;
+        l.experts = moe::FuseExperts(*w.moe);
+        if (w.moe->shared_gate.defined()) {
+          l.shared_gate_up = torch::cat({w.moe->shared_gate, w.moe->shared_up}, 0);
+          l.shared_down = w.moe->shared_down;
+          l.shared_expert_gate = w.moe->shared_expert_gate;
+        }
+      } else {
+        l.gate_up = torch::cat({w.gate, w.up}, 0);
+        l.gate_up_bias = CatDefined(w.gate_bias, w.up_bias);
+        l.down = w.down;
+        l.down_bias = w.down_bias;
+      }
       l.sliding_window = w.sliding_window;
-      w = DenseLayerWeights();
+      w = LayerWeights();
     }
   }));
   ASSIGN_OR_RETURN(auto rotary, nn::Rotary::Create(c.head_dim, c.rope_theta, c.rope_scaling,
@@ -150,6 +179,34 @@ absl::Status SglangRuntime::StopFollowers() {
   return Broadcast(*options_.group, header, 0);
 }
 
+torch::Tensor SglangRuntime::SparseMlp(const Layer& l, const torch::Tensor& x) {
+  const HfModelConfig& c = config_;
+  const ParallelLayout layout{options_.tp_rank, options_.tp_size, options_.ep_size};
+  torch::Tensor out;
+  if (layout.ep_size == 1) {
+    const moe::Routing routing = moe::Route(x, l.router, c.num_experts_per_tok, c.norm_topk_prob);
+    out = options_.moe_per_token_loop ? moe::PerTokenLoop(x, routing, l.experts)
+                                      : moe::CombineLocal(x, routing, l.experts);
+  } else {
+    // This rank routes its chunk of the tokens; the other rows stay zero
+    // here and are filled by their ranks' chunks in the caller's all-reduce.
+    const moe::TokenChunk chunk = moe::ChunkOf(x.size(0), layout.tp_rank, layout.tp_size);
+    const torch::Tensor rows = x.narrow(0, chunk.begin, chunk.size);
+    const moe::Routing routing =
+        moe::Route(rows, l.router, c.num_experts_per_tok, c.norm_topk_prob);
+    absl::StatusOr<torch::Tensor> combined =
+        moe::DispatchCombine(rows, routing, l.experts, layout, *options_.group);
+    if (!combined.ok()) throw std::runtime_error(std::string(combined.status().message()));
+    out = torch::zeros_like(x);
+    out.narrow(0, chunk.begin, chunk.size).copy_(*combined);
+  }
+  if (l.shared_gate_up.defined()) {
+    out += torch::sigmoid(torch::linear(x, l.shared_expert_gate)) *
+           FusedMlp(x, l.shared_gate_up, {}, l.shared_down);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
     const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids) {
   std::vector<SequenceCapture> out;
@@ -160,7 +217,6 @@ absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
     const int64_t q_heads = c.num_attention_heads / options_.tp_size;
     const int64_t kv_heads = c.num_key_value_heads / options_.tp_size;
     const int64_t q_size = q_heads * d, kv_size = kv_heads * d;
-    const int64_t inter = c.intermediate_size / options_.tp_size;
     const double eps = c.rms_norm_eps;
     auto reduce = [&](torch::Tensor& x) {
       if (options_.tp_size > 1) {
@@ -216,9 +272,7 @@ absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
       h = h + a;
 
       x = nn::RmsNorm(h, l.post_norm, eps);
-      torch::Tensor gate_up = nn::Linear(x, l.gate_up, l.gate_up_bias);  // one matmul
-      torch::Tensor m = torch::linear(
-          torch::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), l.down);
+      torch::Tensor m = l.sparse ? SparseMlp(l, x) : FusedMlp(x, l.gate_up, l.gate_up_bias, l.down);
       reduce(m);
       if (l.down_bias.defined()) m = m + l.down_bias;
       h = h + m;

@@ -1,5 +1,6 @@
 // The "sglang" target runtime: SGLang's execution model for dense Llama /
-// Qwen2 / Qwen3 / Mistral checkpoints in Hugging Face layout.
+// Qwen2 / Qwen3 / Mistral and mixture-of-experts Qwen3-MoE / Mixtral
+// checkpoints in Hugging Face layout.
 //
 //   * Token-packed ragged batches: the sequences of one Forward call are
 //     concatenated into one [total_tokens, H] stream with per-sequence
@@ -12,9 +13,14 @@
 //   * Tensor parallelism as the hf runtime: column-parallel qkv/gate_up,
 //     row-parallel o/down, an all-reduce after each, the leader/follower
 //     protocol of TensorParallelRuntime.
+//   * Sparse layers (teacher/moe.h): top-k routing, experts grouped per
+//     expert, an optional sigmoid-gated shared expert; with --ep > 1 the
+//     experts are spread over EP ranks within the TP group and tokens reach
+//     them by all-to-all dispatch and combine (layout: teacher/model_weights.h).
 //
 // The captures (shared/DESIGN.md §3) equal the hf runtime's within fp32
-// rounding. MoE families (qwen3_moe, mixtral) are not served yet.
+// rounding on dense models; on MoE models EP 1, EP 2 and a per-token expert
+// loop agree likewise (tests/unit/teacher/sglang_runtime_test.cc).
 #ifndef SPECSTREAM_TEACHER_SGLANG_RUNTIME_H_
 #define SPECSTREAM_TEACHER_SGLANG_RUNTIME_H_
 
@@ -58,6 +64,9 @@ class SglangRuntime final : public TensorParallelRuntime {
   absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
                                                        const std::vector<int64_t>& lengths,
                                                        bool want_target_ids);
+  // A sparse layer's MLP over the packed tokens x [N, H]: this rank's partial
+  // sum under TP (the caller all-reduces it). Throws on a failed collective.
+  torch::Tensor SparseMlp(const Layer& layer, const torch::Tensor& x);
 
   SglangRuntimeOptions options_;
   HfModelConfig config_;

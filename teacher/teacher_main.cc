@@ -78,10 +78,17 @@ struct RuntimeFlags {
   std::string dtype = "auto";
   std::string capture;
   std::string runtime = "hf";
+  int tp = 0;  // 0: one rank per --devices entry
+  int ep = 1;
 
   void Add(CLI::App* app) {
     app->add_option("--model", model, "Target checkpoint directory (HF layout)")->required();
     app->add_option("--devices", devices, "One rank per device, e.g. cpu,cpu (tensor parallel)");
+    app->add_option("--tp", tp,
+                    "Tensor-parallel ranks (default: one per --devices entry; with --devices "
+                    "cpu, N cpu ranks)");
+    app->add_option("--ep", ep,
+                    "Expert-parallel ranks within the TP group (MoE models, --runtime sglang)");
     app->add_option("--dtype", dtype, "auto | float32 | bfloat16");
     app->add_option("--capture-layers", capture, "EAGLE-3 capture layer ids (default 1,L/2-1,L-4)");
     app->add_option("--runtime", runtime, "Target runtime: hf | sglang (token-packed, fused)");
@@ -94,6 +101,14 @@ struct RuntimeFlags {
     spec.dtype = dtype;
     ASSIGN_OR_RETURN(spec.capture_layer_ids, ParseIntList("--capture-layers", capture));
     ASSIGN_OR_RETURN(spec.devices, ParseDevices(devices));
+    if (tp < 0) return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, " must be positive"));
+    if (tp > 0 && spec.devices == std::vector<std::string>{"cpu"}) {
+      spec.devices.assign(tp, "cpu");
+    } else if (tp > 0 && tp != static_cast<int>(spec.devices.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, " does not match the ",
+                                                     spec.devices.size(), " --devices given"));
+    }
+    spec.ep_size = ep;
     spec.worker_executable = SelfExecutable();
     return LaunchRuntime(spec);
   }
@@ -253,7 +268,8 @@ int main(int argc, char** argv) {
 
   InitRandomOptions init;
   CLI::App* init_cmd = app.add_subcommand("init-random", "Write a random checkpoint in HF layout");
-  init_cmd->add_option("--arch", init.arch, "llama | qwen2 | qwen3 | mistral")->required();
+  init_cmd->add_option("--arch", init.arch, "llama | qwen2 | qwen3 | mistral | qwen3_moe | mixtral")
+      ->required();
   init_cmd->add_option("--layers", init.layers, "Decoder layers")->required();
   init_cmd->add_option("--hidden", init.hidden, "Hidden size")->required();
   init_cmd->add_option("--heads", init.heads, "Attention heads")->required();
@@ -268,6 +284,10 @@ int main(int argc, char** argv) {
   init_cmd->add_option("--max-position", init.max_position, "max_position_embeddings");
   init_cmd->add_option("--rope-theta", init.rope_theta, "RoPE base");
   init_cmd->add_option("--out", init.out, "Output directory")->required();
+  init_cmd->add_option("--experts", init.experts, "MoE archs: number of experts");
+  init_cmd->add_option("--top-k", init.top_k, "MoE archs: experts per token");
+  init_cmd->add_option("--shared-expert-intermediate", init.shared_expert_intermediate,
+                       "qwen3_moe: size of a shared expert (default none)");
 
   RuntimeFlags forward_flags;
   std::string ids;
@@ -347,6 +367,7 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--capture-layers", worker_capture);
   worker_cmd->add_option("--rank", worker.rank)->required();
   worker_cmd->add_option("--world-size", worker.world_size)->required();
+  worker_cmd->add_option("--ep", worker.ep_size);
   worker_cmd->add_option("--master-addr", worker.master_addr);
   worker_cmd->add_option("--master-port", worker.master_port)->required();
 

@@ -14,10 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/hf_config.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "teacher/hf_runtime.h"
+#include "teacher/model_weights.h"
 #include "teacher/sglang_runtime.h"
 
 extern char** environ;
@@ -120,13 +122,19 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
   options.dtype = spec.dtype;
   options.capture_layer_ids = spec.capture_layer_ids;
   options.tp_size = world;
+  options.ep_size = spec.ep_size;
   if (world == 1) {
     ASSIGN_OR_RETURN(launched->runtime_, CreateTargetRuntime(spec.runtime, options));
     return launched;
   }
+  // Refused before any worker is spawned or weight read: an unknown runtime,
+  // a family it does not serve, an impossible TP/EP layout.
   if (spec.runtime != "hf" && spec.runtime != "sglang") {
-    return CreateTargetRuntime(spec.runtime, options).status();  // refused before spawning
+    return CreateTargetRuntime(spec.runtime, options).status();
   }
+  ASSIGN_OR_RETURN(HfModelConfig config, LoadHfConfig(spec.model_dir));
+  RETURN_IF_ERROR(CheckRuntimeServes(config, spec.runtime, spec.runtime == "sglang",
+                                     ParallelLayout{0, world, spec.ep_size}));
   if (spec.worker_executable.empty()) {
     return absl::InvalidArgumentError("tensor parallelism needs the worker executable");
   }
@@ -147,6 +155,8 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
                                      std::to_string(rank),
                                      "--world-size",
                                      std::to_string(world),
+                                     "--ep",
+                                     std::to_string(spec.ep_size),
                                      "--master-port",
                                      std::to_string(port)};
     if (!spec.capture_layer_ids.empty()) {
@@ -222,6 +232,7 @@ absl::Status RunTpWorker(const WorkerOptions& o) {
   options.capture_layer_ids = o.capture_layer_ids;
   options.tp_rank = o.rank;
   options.tp_size = o.world_size;
+  options.ep_size = o.ep_size;
   auto runtime = CreateTargetRuntime(o.runtime, options);
   if (!runtime.ok()) {
     std::string reason(runtime.status().message());

@@ -34,7 +34,8 @@ struct RuntimeSpec {
   std::string model_dir;
   std::string dtype = "auto";
   std::vector<int> capture_layer_ids;
-  std::vector<std::string> devices = {"cpu"};  // "cpu" or "cuda:N"; one rank each
+  std::vector<std::string> devices = {"cpu"};  // "cpu" or "cuda:N"; one TP rank each
+  int ep_size = 1;                             // expert parallelism within the TP group
   std::string worker_executable;               // the specstream-teacher binary (for tp-worker)
   std::chrono::milliseconds setup_timeout{std::chrono::minutes(10)};
 };
@@ -67,6 +68,7 @@ struct WorkerOptions {
   std::vector<int> capture_layer_ids;
   int rank = 1;
   int world_size = 2;
+  int ep_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
 };

@@ -28,6 +28,12 @@ struct TargetRuntimeOptions {
   std::vector<int> capture_layer_ids;  // empty: {1, L/2-1, L-4}
   int tp_rank = 0;
   int tp_size = 1;
+  // Expert parallelism within the TP group (MoE models, sglang runtime):
+  // divides tp_size; see teacher/model_weights.h for the layout.
+  int ep_size = 1;
+  // sglang runtime, for checking the expert dispatch: every token's experts
+  // run one token at a time (tp_size 1 only). Slow; never in serving.
+  bool moe_per_token_loop = false;
   // Required when tp_size > 1, before Forward/RunFollower; may be attached
   // after Create (AttachGroup) so that loading errors surface first.
   c10::intrusive_ptr<c10d::ProcessGroup> group;

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/torch/tensor_util.h"
 
 namespace specstream {
@@ -72,6 +73,26 @@ absl::Status Broadcast(c10d::ProcessGroup& group, torch::Tensor& tensor, int roo
     options.rootRank = root;
     group.broadcast(buffers, options)->wait();
   });
+}
+
+absl::StatusOr<torch::Tensor> AllToAllRows(c10d::ProcessGroup& group, const torch::Tensor& input,
+                                           const std::vector<int64_t>& send_rows,
+                                           const std::vector<int64_t>& recv_rows) {
+  torch::Tensor output;
+  RETURN_IF_ERROR(CatchTorch("all_to_all", [&] {
+    const bool narrow =
+        input.scalar_type() == torch::kBFloat16 || input.scalar_type() == torch::kFloat16;
+    torch::Tensor send = narrow ? input.to(torch::kFloat32) : input.contiguous();
+    int64_t rows = 0;
+    for (int64_t r : recv_rows) rows += r;
+    std::vector<int64_t> shape = send.sizes().vec();
+    shape[0] = rows;
+    torch::Tensor receive = torch::empty(shape, send.options());
+    std::vector<int64_t> out_splits = recv_rows, in_splits = send_rows;
+    group.alltoall_base(receive, send, out_splits, in_splits)->wait();
+    output = narrow ? receive.to(input.scalar_type()) : receive;
+  }));
+  return output;
 }
 
 }  // namespace specstream

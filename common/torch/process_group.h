@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -47,6 +48,14 @@ absl::Status AllReduceSum(c10d::ProcessGroup& group, torch::Tensor& tensor);
 
 // Broadcast from `root` in place (contiguous CPU tensor).
 absl::Status Broadcast(c10d::ProcessGroup& group, torch::Tensor& tensor, int root);
+
+// All-to-all of rows: `input` [sum(send_rows), ...] goes out in consecutive
+// blocks, send_rows[p] rows to rank p; the result holds recv_rows[p] rows
+// from each rank p in rank order (every rank's send_rows[q] must equal rank
+// q's recv_rows[this rank]). Any row count may be 0; bf16/fp16 travel as fp32.
+absl::StatusOr<torch::Tensor> AllToAllRows(c10d::ProcessGroup& group, const torch::Tensor& input,
+                                           const std::vector<int64_t>& send_rows,
+                                           const std::vector<int64_t>& recv_rows);
 
 }  // namespace specstream
 

@@ -20,6 +20,9 @@ void WriteTinyModel(const std::string& dir, const TinyModelOptions& o) {
   init.seed = static_cast<uint64_t>(o.seed);
   init.dtype = o.dtype;
   init.tie_embeddings = o.tie_embeddings;
+  init.experts = o.experts;
+  init.top_k = o.top_k;
+  init.shared_expert_intermediate = o.shared_expert_intermediate;
   init.out = dir;
   absl::Status status = teacher::WriteRandomCheckpoint(init);
   ASSERT_TRUE(status.ok()) << status;

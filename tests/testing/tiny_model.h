@@ -25,6 +25,10 @@ struct TinyModelOptions {
   int seed = 1;
   bool tie_embeddings = false;
   std::string dtype = "float32";
+  // MoE archs (qwen3_moe, mixtral) only.
+  int experts = 0;
+  int top_k = 0;
+  int shared_expert_intermediate = 0;
   // Applied to the config after it is written.
   std::function<void(HfModelConfig&)> edit_config;
 };

@@ -9,9 +9,9 @@
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"
 #include "gtest/gtest.h"
-#include "tests/testing/rank_threads.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
+#include "tests/testing/tp_forward.h"
 
 namespace specstream::teacher {
 namespace {
@@ -166,22 +166,10 @@ TEST(HfRuntimeTest, TensorParallelTwoMatchesOne) {
     auto expected = single->Forward(request);
     ASSERT_TRUE(expected.ok()) << expected.status();
 
-    absl::StatusOr<std::vector<SequenceCapture>> got = absl::UnknownError("not run");
-    absl::Status status = specstream::testing::RunOnRankThreads(
-        2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
-          HfRuntimeOptions options;
-          options.model_dir = dir.path();
-          options.dtype = "float32";
-          options.tp_rank = rank;
-          options.tp_size = 2;
-          options.group = group;
-          auto runtime = HfRuntime::Create(options);
-          if (!runtime.ok()) return runtime.status();
-          if (rank == 1) return (*runtime)->RunFollower();
-          got = (*runtime)->Forward(request);
-          return (*runtime)->StopFollowers();
-        });
-    ASSERT_TRUE(status.ok()) << status;
+    HfRuntimeOptions options;
+    options.model_dir = dir.path();
+    options.dtype = "float32";
+    auto got = specstream::testing::ForwardOnRankThreads("hf", options, 2, request);
     ASSERT_TRUE(got.ok()) << got.status();
     for (size_t s = 0; s < 2; ++s) {
       ExpectClose((*got)[s].aux_hidden, (*expected)[s].aux_hidden);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ InitRandomOptions SmallOptions(const std::string& arch, const std::string& out) 
   options.vocab = 100;
   options.seed = 7;
   options.out = out;
+  if (arch == "qwen3_moe" || arch == "mixtral") {
+    options.experts = 4;
+    options.top_k = 2;
+  }
+  if (arch == "qwen3_moe") options.shared_expert_intermediate = 24;
   return options;
 }
 
@@ -57,13 +63,36 @@ std::map<std::string, Shape> ExpectedTensors(const InitRandomOptions& o) {
       t[p + "self_attn.k_proj.bias"] = {o.kv_heads * d};
       t[p + "self_attn.v_proj.bias"] = {o.kv_heads * d};
     }
-    if (o.arch == "qwen3") {
+    if (o.arch == "qwen3" || o.arch == "qwen3_moe") {
       t[p + "self_attn.q_norm.weight"] = {d};
       t[p + "self_attn.k_norm.weight"] = {d};
     }
-    t[p + "mlp.gate_proj.weight"] = {o.intermediate, o.hidden};
-    t[p + "mlp.up_proj.weight"] = {o.intermediate, o.hidden};
-    t[p + "mlp.down_proj.weight"] = {o.hidden, o.intermediate};
+    if (o.arch == "qwen3_moe") {
+      t[p + "mlp.gate.weight"] = {o.experts, o.hidden};
+      for (int64_t e = 0; e < o.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        t[x + "gate_proj.weight"] = {o.intermediate, o.hidden};
+        t[x + "up_proj.weight"] = {o.intermediate, o.hidden};
+        t[x + "down_proj.weight"] = {o.hidden, o.intermediate};
+      }
+      const int64_t s = o.shared_expert_intermediate;
+      t[p + "mlp.shared_expert.gate_proj.weight"] = {s, o.hidden};
+      t[p + "mlp.shared_expert.up_proj.weight"] = {s, o.hidden};
+      t[p + "mlp.shared_expert.down_proj.weight"] = {o.hidden, s};
+      t[p + "mlp.shared_expert_gate.weight"] = {1, o.hidden};
+    } else if (o.arch == "mixtral") {
+      t[p + "block_sparse_moe.gate.weight"] = {o.experts, o.hidden};
+      for (int64_t e = 0; e < o.experts; ++e) {
+        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        t[x + "w1.weight"] = {o.intermediate, o.hidden};
+        t[x + "w3.weight"] = {o.intermediate, o.hidden};
+        t[x + "w2.weight"] = {o.hidden, o.intermediate};
+      }
+    } else {
+      t[p + "mlp.gate_proj.weight"] = {o.intermediate, o.hidden};
+      t[p + "mlp.up_proj.weight"] = {o.intermediate, o.hidden};
+      t[p + "mlp.down_proj.weight"] = {o.hidden, o.intermediate};
+    }
     t[p + "input_layernorm.weight"] = {o.hidden};
     t[p + "post_attention_layernorm.weight"] = {o.hidden};
   }
@@ -124,10 +153,10 @@ TEST_P(InitRandomArchTest, WritesAConfigAndEveryTensor) {
   auto config = LoadHfConfig(dir.path());
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->model_type, GetParam());
-  const std::map<std::string, std::string> archs = {{"llama", "LlamaForCausalLM"},
-                                                    {"qwen2", "Qwen2ForCausalLM"},
-                                                    {"qwen3", "Qwen3ForCausalLM"},
-                                                    {"mistral", "MistralForCausalLM"}};
+  const std::map<std::string, std::string> archs = {
+      {"llama", "LlamaForCausalLM"},        {"qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},        {"mistral", "MistralForCausalLM"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"mixtral", "MixtralForCausalLM"}};
   EXPECT_EQ(config->architectures, std::vector<std::string>{archs.at(GetParam())});
   EXPECT_EQ(config->num_hidden_layers, 2);
   EXPECT_EQ(config->hidden_size, 32);
@@ -158,12 +187,23 @@ TEST_P(InitRandomArchTest, WritesAConfigAndEveryTensor) {
   const bool has_bias = (*ckpt)->Contains("model.layers.1.self_attn.k_proj.bias");
   const bool has_qk_norm = (*ckpt)->Contains("model.layers.1.self_attn.q_norm.weight");
   EXPECT_EQ(has_bias, GetParam() == "qwen2");
-  EXPECT_EQ(has_qk_norm, GetParam() == "qwen3");
+  EXPECT_EQ(has_qk_norm, GetParam() == "qwen3" || GetParam() == "qwen3_moe");
   EXPECT_TRUE((*ckpt)->Contains("lm_head.weight"));
+  if (config->is_moe()) {
+    EXPECT_EQ(config->num_experts, 4);
+    EXPECT_EQ(config->num_experts_per_tok, 2);
+    EXPECT_TRUE(config->norm_topk_prob);
+    EXPECT_TRUE(config->IsMoeLayer(0) && config->IsMoeLayer(1));
+    if (GetParam() == "qwen3_moe") {
+      EXPECT_EQ(config->moe_intermediate_size, 48);
+      EXPECT_EQ(config->shared_expert_intermediate_size, std::optional<int64_t>(24));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, InitRandomArchTest,
-                         ::testing::Values("llama", "qwen2", "qwen3", "mistral"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "mistral", "qwen3_moe",
+                                           "mixtral"));
 
 TEST(InitRandomTest, InitScalesAreTheDocumentedOnes) {
   TempDir dir;
@@ -355,7 +395,22 @@ TEST(InitRandomTest, RefusesBadOptionsNamingTheFlag) {
   };
   const std::vector<Case> cases = {
       {[](InitRandomOptions& o) { o.arch = "gpt2"; }, "--arch"},
-      {[](InitRandomOptions& o) { o.arch = "qwen3_moe"; }, "--arch"},
+      {[](InitRandomOptions& o) { o.arch = "qwen3_moe"; }, "--experts"},
+      {[](InitRandomOptions& o) { o.experts = 4; }, "--experts"},  // llama has none.
+      {[](InitRandomOptions& o) { o.top_k = 2; }, "--top-k"},
+      {[](InitRandomOptions& o) {
+         o.arch = "mixtral";
+         o.experts = 4;
+         o.top_k = 5;
+       },
+       "--top-k"},
+      {[](InitRandomOptions& o) {
+         o.arch = "mixtral";
+         o.experts = 4;
+         o.top_k = 2;
+         o.shared_expert_intermediate = 8;
+       },
+       "--shared-expert-intermediate"},
       {[](InitRandomOptions& o) { o.layers = 0; }, "--layers"},
       {[](InitRandomOptions& o) { o.hidden = 0; }, "--hidden"},
       {[](InitRandomOptions& o) { o.heads = -4; }, "--heads"},

@@ -1,6 +1,8 @@
 // The sglang runtime against the hf runtime on tiny random dense checkpoints
 // (fp32): same captures for every family, packed ragged batches equal to one
-// sequence at a time, tensor parallelism, and the same refusals.
+// sequence at a time, tensor parallelism, and the same refusals. On MoE
+// checkpoints (qwen3_moe with a shared expert, mixtral): every TP/EP layout
+// against a token-by-token expert loop, and the layouts refused before load.
 #include "teacher/sglang_runtime.h"
 
 #include <algorithm>
@@ -9,20 +11,24 @@
 #include <vector>
 
 #include "common/torch/process_group.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "teacher/hf_runtime.h"
+#include "teacher/model_weights.h"
 #include "teacher/tp_launcher.h"
-#include "tests/testing/rank_threads.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
+#include "tests/testing/tp_forward.h"
 
 namespace specstream::teacher {
 namespace {
 
+using specstream::testing::ForwardOnRankThreads;
 using specstream::testing::RandomTokens;
 using specstream::testing::TempDir;
 using specstream::testing::TinyModelOptions;
 using specstream::testing::WriteTinyModel;
+using ::testing::HasSubstr;
 
 constexpr double kRelTolerance = 1e-5;
 
@@ -195,20 +201,7 @@ TEST(SglangRuntimeTest, TensorParallelTwoMatchesOne) {
     auto expected = single->Forward(request);
     ASSERT_TRUE(expected.ok()) << expected.status();
 
-    absl::StatusOr<std::vector<SequenceCapture>> got = absl::UnknownError("not run");
-    absl::Status status = specstream::testing::RunOnRankThreads(
-        2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
-          TargetRuntimeOptions options = Options(dir.path());
-          options.tp_rank = rank;
-          options.tp_size = 2;
-          options.group = group;
-          auto runtime = SglangRuntime::Create(options);
-          if (!runtime.ok()) return runtime.status();
-          if (rank == 1) return (*runtime)->RunFollower();
-          got = (*runtime)->Forward(request);
-          return (*runtime)->StopFollowers();
-        });
-    ASSERT_TRUE(status.ok()) << status;
+    auto got = ForwardOnRankThreads("sglang", Options(dir.path()), 2, request);
     ASSERT_TRUE(got.ok()) << got.status();
     const double worst = ExpectSameCaptures(*got, *expected, arch);
     std::cout << "[ sglang tp2 vs tp1 ] " << arch << ": max relative difference " << worst << "\n";
@@ -246,6 +239,133 @@ TEST(SglangRuntimeTest, RuntimeIsChosenByName) {
   auto unknown = CreateTargetRuntime("vllm", Options(dir.path()));
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("--runtime"), std::string::npos);
+}
+
+// A tiny MoE target whose sizes allow TP 4 and EP 4.
+TinyModelOptions MoeModel(const std::string& arch) {
+  TinyModelOptions model;
+  model.arch = arch;
+  model.kv_heads = 4;
+  model.intermediate = 16;
+  model.experts = 4;
+  model.top_k = 2;
+  if (arch == "qwen3_moe") model.shared_expert_intermediate = 16;
+  return model;
+}
+
+TEST(SglangRuntimeMoeTest, EveryExpertParallelLayoutMatchesThePerTokenLoop) {
+  for (const char* arch : {"qwen3_moe", "mixtral"}) {
+    TempDir dir;
+    const TinyModelOptions model = MoeModel(arch);
+    WriteTinyModel(dir.path(), model);
+    TargetRuntimeOptions reference = Options(dir.path());
+    reference.moe_per_token_loop = true;
+    auto loop = SglangRuntime::Create(reference);
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    const ForwardRequest request = SkewedRequest(model.vocab);
+    auto want = (*loop)->Forward(request);
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (auto [tp, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {2, 2}, {4, 2}, {4, 4}}) {
+      TargetRuntimeOptions options = Options(dir.path());
+      options.ep_size = ep;
+      auto got = ForwardOnRankThreads("sglang", options, tp, request);
+      ASSERT_TRUE(got.ok()) << arch << " tp " << tp << " ep " << ep << ": " << got.status();
+      const std::string what =
+          std::string(arch) + " tp " + std::to_string(tp) + " ep " + std::to_string(ep);
+      const double worst = ExpectSameCaptures(*got, *want, what);
+      std::cout << "[ sglang MoE vs per-token loop ] " << what << ": max relative difference "
+                << worst << "\n";
+    }
+  }
+}
+
+TEST(SglangRuntimeMoeTest, PackedBatchEqualsOneSequenceAtATime) {
+  TempDir dir;
+  const TinyModelOptions model = MoeModel("qwen3_moe");
+  WriteTinyModel(dir.path(), model);
+  auto sglang = LoadSglang(dir.path());
+  ASSERT_NE(sglang, nullptr);
+  const ForwardRequest packed = SkewedRequest(model.vocab);
+  auto got = sglang->Forward(packed);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<SequenceCapture> want;
+  for (const auto& seq : packed.sequences) {
+    ForwardRequest one;
+    one.sequences = {seq};
+    one.want_target_ids = true;
+    auto single = sglang->Forward(one);
+    ASSERT_TRUE(single.ok()) << single.status();
+    want.push_back((*single)[0]);
+  }
+  const double worst = ExpectSameCaptures(*got, want, "qwen3_moe");
+  std::cout << "[ packed vs one at a time ] qwen3_moe: max relative difference " << worst << "\n";
+}
+
+// The experts matter: dropping the top-1 expert's weight (top-k 1 instead of
+// 2) changes the captures, so the comparisons above compare real routing.
+TEST(SglangRuntimeMoeTest, RoutingChangesTheCaptures) {
+  TempDir two, one;
+  TinyModelOptions model = MoeModel("mixtral");
+  WriteTinyModel(two.path(), model);
+  model.top_k = 1;
+  WriteTinyModel(one.path(), model);
+  auto a = LoadSglang(two.path());
+  auto b = LoadSglang(one.path());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const ForwardRequest request = SkewedRequest(model.vocab);
+  auto ga = a->Forward(request);
+  auto gb = b->Forward(request);
+  ASSERT_TRUE(ga.ok() && gb.ok());
+  EXPECT_GT(RelDiff((*ga)[1].last_hidden, (*gb)[1].last_hidden), 1e-3);
+}
+
+TEST(SglangRuntimeMoeTest, ImpossibleLayoutsAreRefusedBeforeLoad) {
+  TempDir dir;
+  WriteTinyModel(dir.path(), MoeModel("qwen3_moe"));
+  auto config = LoadHfConfig(dir.path());
+  ASSERT_TRUE(config.ok()) << config.status();
+  struct Case {
+    int tp, ep;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {2, 4, "does not divide the tensor-parallel size 2"},
+           {3, 3, "num_attention_heads 4 is not divisible"},
+           {4, 0, "--ep 0 must be at least 1"},
+       }) {
+    absl::Status status = CheckParallelLayout(*config, ParallelLayout{0, c.tp, c.ep});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.tp << "/" << c.ep;
+    EXPECT_THAT(status.message(), HasSubstr(c.says));
+  }
+  HfModelConfig experts = *config;
+  experts.num_experts = 6;  // 6 experts over EP 4
+  EXPECT_THAT(CheckParallelLayout(experts, ParallelLayout{0, 4, 4}).message(),
+              HasSubstr("num_experts 6 is not divisible by the expert-parallel size --ep 4"));
+  HfModelConfig inter = *config;
+  inter.moe_intermediate_size = 6;  // sliced over tp / ep = 4
+  EXPECT_THAT(CheckParallelLayout(inter, ParallelLayout{0, 4, 1}).message(),
+              HasSubstr("moe_intermediate_size 6 is not divisible by the expert tensor-parallel "
+                        "size 4"));
+  // With EP 2 the experts are sliced over tp / ep = 2 ranks only.
+  EXPECT_TRUE(CheckParallelLayout(inter, ParallelLayout{0, 4, 2}).ok());
+
+  // Through the runtimes: EP on a dense model, MoE on the hf runtime.
+  TempDir dense;
+  WriteTinyModel(dense.path(), TinyModelOptions());
+  TargetRuntimeOptions ep = Options(dense.path());
+  ep.ep_size = 2;
+  ep.tp_size = 2;
+  auto refused = SglangRuntime::Create(ep);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("has no experts"));
+  auto hf = HfRuntime::Create(Options(dir.path()));
+  EXPECT_EQ(hf.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(hf.status().message(), HasSubstr("--runtime sglang"));
+  TargetRuntimeOptions loop = Options(dir.path());
+  loop.moe_per_token_loop = true;
+  loop.tp_size = 2;
+  EXPECT_EQ(SglangRuntime::Create(loop).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
