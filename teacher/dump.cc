@@ -41,6 +41,7 @@ nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids,
   tensors.keep_target_ids = keep_target_ids;
   return nlohmann::json{{"model",
                          {{"model_type", model.model_type},
+                          {"runtime", model.runtime},
                           {"hidden_size", model.hidden_size},
                           {"vocab_size", model.vocab_size},
                           {"num_layers", model.num_layers},

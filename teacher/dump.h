@@ -41,7 +41,12 @@ struct DumpSummary {
 
 absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& options);
 
-// The store contract for a runtime: model description + tensor specs.
+// The store contract for a runtime: {"model": {"model_type", "runtime",
+// "hidden_size", "vocab_size", "num_layers", "capture_layer_ids"}, "tensors":
+// ...}. "runtime" names the runtime that computed the features ("hf" or
+// "sglang"); since a resumed dump must present the same contract, a store is
+// never part one runtime, part the other. Stores dumped before the field
+// existed lack it, and readers must not require it.
 nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids, DType store_dtype);
 
 }  // namespace specstream::teacher

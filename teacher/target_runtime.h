@@ -1,5 +1,5 @@
 // The target-model runtime interface every teacher runtime implements ("hf"
-// today, "sglang" next). Callers (dump, the teacher service) depend only on
+// and "sglang"). Callers (dump, the teacher service) depend only on
 // this.
 //
 // Contract (shared/DESIGN.md §3): for each sequence of token ids the runtime
@@ -24,7 +24,7 @@ namespace specstream::teacher {
 
 struct ModelDescription {
   std::string model_type;
-  std::string runtime;  // "hf"
+  std::string runtime;  // "hf" or "sglang"
   int64_t hidden_size = 0;
   int64_t vocab_size = 0;
   int64_t num_layers = 0;

@@ -6,6 +6,7 @@
 #include "common/torch/tensor_util.h"
 #include "gtest/gtest.h"
 #include "teacher/hf_runtime.h"
+#include "teacher/sglang_runtime.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
 #include "tests/testing/tiny_tokenizer.h"
@@ -134,6 +135,32 @@ TEST_F(DumpTest, InterruptedAndRerunEqualsUninterrupted) {
               specstream::testing::ReadFile(dir_.Join("resumed/" + f)))
         << f;
   }
+}
+
+// index.json says which runtime computed the features, and a store one
+// runtime began is not finished by the other.
+TEST_F(DumpTest, IndexRecordsTheRuntime) {
+  ASSERT_TRUE(RunDump(*runtime_, Options("hf-store")).ok());
+  auto hf = StoreReader::Open(dir_.Join("hf-store"));
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ((*hf)->contract()["model"]["runtime"], "hf");
+
+  SglangRuntimeOptions options;
+  options.model_dir = dir_.Join("model");
+  options.dtype = "float32";
+  auto sglang = SglangRuntime::Create(options);
+  ASSERT_TRUE(sglang.ok()) << sglang.status();
+  ASSERT_TRUE(RunDump(**sglang, Options("sglang-store")).ok());
+  auto packed = StoreReader::Open(dir_.Join("sglang-store"));
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_EQ((*packed)->contract()["model"]["runtime"], "sglang");
+
+  auto mixed = RunDump(**sglang, Options("hf-store"));
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(mixed.status().message().find("\"contract.model.runtime\" is \"hf\""),
+            std::string::npos)
+      << mixed.status();
 }
 
 TEST_F(DumpTest, BadRecordNamesTheLine) {
