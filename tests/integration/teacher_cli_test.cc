@@ -128,6 +128,44 @@ TEST_F(TeacherCliTest, ImpossibleLayoutsAndBadInputFailFastWithReasons) {
   EXPECT_NE(Stderr().find("--arch"), std::string::npos) << Stderr();
 }
 
+// A MoE target through the CLI: `--tp 2 --ep 2` (experts split over two
+// worker processes, all-to-all dispatch) prints the captures `--tp 1` does;
+// the layouts that cannot work are refused from config.json with a reason.
+TEST_F(TeacherCliTest, MoeExpertParallelForwardMatchesOneRankAndBadLayoutsAreRefused) {
+  ASSERT_EQ(Run("init-random --arch mixtral --experts 4 --top-k 2 --layers 8 --hidden 64 "
+                "--heads 4 --kv-heads 2 --intermediate 64 --vocab 512 --seed 5 --dtype float32 "
+                "--out " +
+                dir_.Join("moe")),
+            0)
+      << Stderr();
+  const std::string forward = "forward --runtime sglang --model " + dir_.Join("moe") +
+                              " --ids 1,5,9,200,17,33,2,511,8,8,8,70,71,72 ";
+  ASSERT_EQ(Run(forward), 0) << Stderr();
+  auto single = Checksums();
+  const std::string single_targets = Line("target_ids ");
+  ASSERT_EQ(Run(forward + "--tp 2 --ep 2"), 0) << Stderr();
+  auto ep = Checksums();
+  ASSERT_EQ(single.size(), 3u) << Stdout();
+  for (const char* name : {"aux_hidden", "last_hidden"}) {
+    EXPECT_NEAR(ep[name].second, single[name].second, 1e-5 * single[name].second) << name;
+    EXPECT_NEAR(ep[name].first, single[name].first, 1e-5 * single[name].second) << name;
+  }
+  EXPECT_EQ(Line("target_ids "), single_targets);
+
+  EXPECT_EQ(Run(forward + "--tp 2 --ep 4"), 2);
+  EXPECT_NE(Stderr().find("--ep 4 does not divide the tensor-parallel size 2"), std::string::npos)
+      << Stderr();
+  EXPECT_EQ(Stderr().find("tp: started"), std::string::npos) << "refused after spawning workers";
+  EXPECT_EQ(Run(forward + "--tp 3 --devices cpu,cpu"), 2);
+  EXPECT_NE(Stderr().find("--tp 3 does not match the 2 --devices"), std::string::npos) << Stderr();
+  EXPECT_EQ(Run("forward --model " + dir_.Join("moe") + " --tp 2 --ids 1,2"), 2);
+  EXPECT_NE(Stderr().find("--runtime sglang"), std::string::npos) << Stderr();
+  InitModel();  // dense qwen2
+  EXPECT_EQ(
+      Run("forward --runtime sglang --model " + dir_.Join("model") + " --tp 2 --ep 2 --ids 1"), 2);
+  EXPECT_NE(Stderr().find("has no experts"), std::string::npos) << Stderr();
+}
+
 // `serve` with two TP ranks: port 0 written to --port-file, Describe, one
 // sample streamed inline, then SIGTERM with the stream still open: the
 // stream ends UNAVAILABLE (drained) and the process exits 0 well within the
