@@ -28,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,25 +102,39 @@ std::string LengthsString(const std::vector<int64_t>& lengths) {
   return out;
 }
 
+// The benchmarks' random fp32 target in `out`: 4 layers, hidden 384, 6
+// heads over 2 kv heads, vocab 4000, the given MLP (or expert) size and, for
+// MoE archs, experts and top-k. nullopt (reported) on failure.
+std::optional<specstream::teacher::InitRandomOptions> WriteBenchModel(const std::string& arch,
+                                                                      const std::string& out,
+                                                                      int64_t intermediate,
+                                                                      int64_t experts = 0,
+                                                                      int64_t top_k = 0) {
+  specstream::teacher::InitRandomOptions init;
+  init.arch = arch;
+  init.layers = 4;
+  init.hidden = 384;
+  init.heads = 6;
+  init.kv_heads = 2;
+  init.intermediate = intermediate;
+  init.experts = experts;
+  init.top_k = top_k;
+  init.vocab = 4000;
+  init.dtype = "float32";
+  init.out = out;
+  if (absl::Status s = specstream::teacher::WriteRandomCheckpoint(init); !s.ok()) {
+    std::fprintf(stderr, "sglang_bench: init-random: %s\n", s.ToString().c_str());
+    return std::nullopt;
+  }
+  return init;
+}
+
 // Dense hf vs sglang; false on an error or when the skewed ratio misses
 // `min_skewed_ratio`.
 bool DenseSection(const std::string& dir, int reps, double min_skewed_ratio) {
-  const int64_t kLayers = 4, kHidden = 384, kHeads = 6, kKvHeads = 2, kIntermediate = 1024,
-                kVocab = 4000;
-  specstream::teacher::InitRandomOptions init;
-  init.arch = "llama";
-  init.layers = kLayers;
-  init.hidden = kHidden;
-  init.heads = kHeads;
-  init.kv_heads = kKvHeads;
-  init.intermediate = kIntermediate;
-  init.vocab = kVocab;
-  init.dtype = "float32";
-  init.out = dir + "/dense";
-  if (absl::Status s = specstream::teacher::WriteRandomCheckpoint(init); !s.ok()) {
-    std::fprintf(stderr, "sglang_bench: init-random: %s\n", s.ToString().c_str());
-    return false;
-  }
+  const auto written = WriteBenchModel("llama", dir + "/dense", 1024);
+  if (!written) return false;
+  const specstream::teacher::InitRandomOptions& init = *written;
   std::vector<std::unique_ptr<specstream::teacher::TensorParallelRuntime>> owned;
   std::vector<TargetRuntime*> runtimes;
   for (const char* name : {"hf", "sglang"}) {
@@ -139,9 +154,9 @@ bool DenseSection(const std::string& dir, int reps, double min_skewed_ratio) {
   std::printf(
       "sglang_bench: dense llama, %ld layers, hidden %ld, heads %ld/%ld, MLP %ld, vocab %ld, "
       "fp32, target_ids, best of %d\n",
-      static_cast<long>(kLayers), static_cast<long>(kHidden), static_cast<long>(kHeads),
-      static_cast<long>(kKvHeads), static_cast<long>(kIntermediate), static_cast<long>(kVocab),
-      reps);
+      static_cast<long>(init.layers), static_cast<long>(init.hidden), static_cast<long>(init.heads),
+      static_cast<long>(init.kv_heads), static_cast<long>(init.intermediate),
+      static_cast<long>(init.vocab), reps);
   std::printf("%-8s %-14s %6s %10s %12s %16s %10s\n", "batch", "lengths", "tokens", "hf rows",
               "hf tokens/s", "sglang tokens/s", "sglang/hf");
   std::vector<int64_t> skewed = {512};
@@ -150,7 +165,7 @@ bool DenseSection(const std::string& dir, int reps, double min_skewed_ratio) {
                                       {"uniform", std::vector<int64_t>(8, 115)}};
   std::vector<double> ratios;
   for (const Batch& batch : batches) {
-    const ForwardRequest request = MakeRequest(batch.lengths, kVocab);
+    const ForwardRequest request = MakeRequest(batch.lengths, init.vocab);
     const std::vector<double> tps = TokensPerSecond(runtimes, request, reps);
     if (tps.empty()) return false;
     int64_t tokens = 0, longest = 0;
@@ -180,24 +195,9 @@ bool DenseSection(const std::string& dir, int reps, double min_skewed_ratio) {
 // relative), never on speed (EP's all-to-all traffic on two shared cores
 // says little about GPUs).
 bool MoeSection(const std::string& dir, const std::string& teacher_bin, int reps) {
-  const int64_t kLayers = 4, kHidden = 384, kHeads = 6, kKvHeads = 2, kIntermediate = 512,
-                kExperts = 8, kTopK = 2, kVocab = 4000;
-  specstream::teacher::InitRandomOptions init;
-  init.arch = "mixtral";
-  init.layers = kLayers;
-  init.hidden = kHidden;
-  init.heads = kHeads;
-  init.kv_heads = kKvHeads;
-  init.intermediate = kIntermediate;
-  init.experts = kExperts;
-  init.top_k = kTopK;
-  init.vocab = kVocab;
-  init.dtype = "float32";
-  init.out = dir + "/moe";
-  if (absl::Status s = specstream::teacher::WriteRandomCheckpoint(init); !s.ok()) {
-    std::fprintf(stderr, "sglang_bench: init-random: %s\n", s.ToString().c_str());
-    return false;
-  }
+  const auto written = WriteBenchModel("mixtral", dir + "/moe", 512, /*experts=*/8, /*top_k=*/2);
+  if (!written) return false;
+  const specstream::teacher::InitRandomOptions& init = *written;
   struct Layout {
     const char* name;
     int tp, ep;
@@ -223,7 +223,7 @@ bool MoeSection(const std::string& dir, const std::string& teacher_bin, int reps
     runtimes.push_back(&(*runtime)->runtime());
     launched.push_back(std::move(*runtime));
   }
-  const ForwardRequest request = MakeRequest(std::vector<int64_t>(8, 256), kVocab);
+  const ForwardRequest request = MakeRequest(std::vector<int64_t>(8, 256), init.vocab);
   // Same captures in every layout before timing them.
   std::vector<std::vector<specstream::teacher::SequenceCapture>> captures;
   for (TargetRuntime* runtime : runtimes) {
@@ -250,8 +250,9 @@ bool MoeSection(const std::string& dir, const std::string& teacher_bin, int reps
   std::printf(
       "\nsglang_bench: MoE mixtral, %ld layers, hidden %ld, %ld experts of %ld, top-%ld, fp32, "
       "8x256 tokens, one thread per TP rank, best of %d\n",
-      static_cast<long>(kLayers), static_cast<long>(kHidden), static_cast<long>(kExperts),
-      static_cast<long>(kIntermediate), static_cast<long>(kTopK), reps);
+      static_cast<long>(init.layers), static_cast<long>(init.hidden),
+      static_cast<long>(init.experts), static_cast<long>(init.intermediate),
+      static_cast<long>(init.top_k), reps);
   std::printf("%-8s %12s %10s %22s\n", "layout", "tokens/s", "vs tp1", "max rel diff vs tp1");
   bool ok = true;
   for (size_t i = 0; i < layouts.size(); ++i) {

@@ -143,29 +143,35 @@ TEST(SglangRuntimeTest, SlidingWindowMatchesHf) {
             << "\n";
 }
 
+// Runs SkewedRequest packed and each of its sequences alone; expects the same
+// captures and prints the largest difference.
+void ExpectPackedEqualsOneAtATime(const TinyModelOptions& model, const std::string& what) {
+  TempDir dir;
+  WriteTinyModel(dir.path(), model);
+  auto sglang = LoadSglang(dir.path());
+  ASSERT_NE(sglang, nullptr);
+  const ForwardRequest packed = SkewedRequest(model.vocab);
+  auto got = sglang->Forward(packed);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<SequenceCapture> want;
+  for (const auto& seq : packed.sequences) {
+    ForwardRequest one;
+    one.sequences = {seq};
+    one.want_target_ids = true;
+    auto single = sglang->Forward(one);
+    ASSERT_TRUE(single.ok()) << single.status();
+    want.push_back((*single)[0]);
+  }
+  const double worst = ExpectSameCaptures(*got, want, what);
+  std::cout << "[ packed vs one at a time ] " << what << ": max relative difference " << worst
+            << "\n";
+}
+
 TEST(SglangRuntimeTest, PackedBatchEqualsOneSequenceAtATime) {
   for (const char* arch : {"llama", "qwen3"}) {
-    TempDir dir;
     TinyModelOptions model;
     model.arch = arch;
-    WriteTinyModel(dir.path(), model);
-    auto sglang = LoadSglang(dir.path());
-    ASSERT_NE(sglang, nullptr);
-    const ForwardRequest packed = SkewedRequest(model.vocab);
-    auto got = sglang->Forward(packed);
-    ASSERT_TRUE(got.ok()) << got.status();
-    std::vector<SequenceCapture> want;
-    for (const auto& seq : packed.sequences) {
-      ForwardRequest one;
-      one.sequences = {seq};
-      one.want_target_ids = true;
-      auto single = sglang->Forward(one);
-      ASSERT_TRUE(single.ok()) << single.status();
-      want.push_back((*single)[0]);
-    }
-    const double worst = ExpectSameCaptures(*got, want, arch);
-    std::cout << "[ packed vs one at a time ] " << arch << ": max relative difference " << worst
-              << "\n";
+    ExpectPackedEqualsOneAtATime(model, arch);
   }
 }
 
@@ -280,25 +286,7 @@ TEST(SglangRuntimeMoeTest, EveryExpertParallelLayoutMatchesThePerTokenLoop) {
 }
 
 TEST(SglangRuntimeMoeTest, PackedBatchEqualsOneSequenceAtATime) {
-  TempDir dir;
-  const TinyModelOptions model = MoeModel("qwen3_moe");
-  WriteTinyModel(dir.path(), model);
-  auto sglang = LoadSglang(dir.path());
-  ASSERT_NE(sglang, nullptr);
-  const ForwardRequest packed = SkewedRequest(model.vocab);
-  auto got = sglang->Forward(packed);
-  ASSERT_TRUE(got.ok()) << got.status();
-  std::vector<SequenceCapture> want;
-  for (const auto& seq : packed.sequences) {
-    ForwardRequest one;
-    one.sequences = {seq};
-    one.want_target_ids = true;
-    auto single = sglang->Forward(one);
-    ASSERT_TRUE(single.ok()) << single.status();
-    want.push_back((*single)[0]);
-  }
-  const double worst = ExpectSameCaptures(*got, want, "qwen3_moe");
-  std::cout << "[ packed vs one at a time ] qwen3_moe: max relative difference " << worst << "\n";
+  ExpectPackedEqualsOneAtATime(MoeModel("qwen3_moe"), "qwen3_moe");
 }
 
 // The experts matter: dropping the top-1 expert's weight (top-k 1 instead of
