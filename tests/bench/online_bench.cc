@@ -8,7 +8,11 @@
 // (the teacher's forward is a fraction of the student's step) and the ratio
 // measures what streaming costs the student: receiving, checking and
 // decoding payloads, and waiting for samples the prefetch did not cover.
-// Fails below a 0.5 floor (goal 0.95, printed).
+// A second pair of runs serves the same streams from a teacher with spare
+// capacity (StoreReplayRuntime: the target's captures replayed from the
+// store, so its forward takes nothing from the shared cores), which is what
+// the goal assumes. Fails below 0.5 (live target) or 0.8 (spare
+// capacity); goal 0.95, printed.
 //
 //   online_bench [--steps 12]
 #include <chrono>
@@ -16,8 +20,12 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/offline_store.h"
+#include "common/status.h"
+#include "common/torch/tensor_util.h"
 #include "student/trainer.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
@@ -62,6 +70,80 @@ double Train(const specstream::student::TrainerConfig& config, int64_t steps) {
   for (size_t i = 1; i < (*trainer)->history().size(); ++i)
     tokens += (*trainer)->history()[i].tokens;
   return static_cast<double>(tokens) / seconds;
+}
+
+// A teacher with capacity to spare: answers Forward with the captures the
+// same target wrote to the store (looked up by the token ids), so the shared
+// cores go to the student and to streaming (serialising, checksums, copies,
+// decoding) as they would with the target on its own devices. Bench-only.
+class StoreReplayRuntime final : public specstream::teacher::TargetRuntime {
+ public:
+  static absl::StatusOr<std::unique_ptr<StoreReplayRuntime>> Open(
+      const std::string& store, const specstream::teacher::ModelDescription& description) {
+    std::unique_ptr<StoreReplayRuntime> replay(new StoreReplayRuntime());
+    replay->description_ = description;
+    ASSIGN_OR_RETURN(auto reader, specstream::StoreReader::Open(store));
+    for (int64_t id : reader->sample_ids()) {
+      ASSIGN_OR_RETURN(std::vector<specstream::TensorView> views, reader->Get(id));
+      std::string key;
+      specstream::teacher::SequenceCapture capture;
+      for (const specstream::TensorView& view : views) {
+        if (view.name == "input_ids")
+          key.assign(reinterpret_cast<const char*>(view.data), view.nbytes);
+        if (view.name == "aux_hidden") {
+          ASSIGN_OR_RETURN(capture.aux_hidden, specstream::TensorFromView(view, description.dtype));
+        }
+        if (view.name == "last_hidden") {
+          ASSIGN_OR_RETURN(capture.last_hidden,
+                           specstream::TensorFromView(view, description.dtype));
+        }
+        if (view.name == "target_ids") {
+          ASSIGN_OR_RETURN(capture.target_ids, specstream::TensorFromView(view));
+        }
+      }
+      replay->captures_[key] = std::move(capture);
+    }
+    return replay;
+  }
+
+  const specstream::teacher::ModelDescription& Describe() const override { return description_; }
+
+  absl::StatusOr<std::vector<specstream::teacher::SequenceCapture>> Forward(
+      const specstream::teacher::ForwardRequest& request) override {
+    std::vector<specstream::teacher::SequenceCapture> out;
+    for (const auto& sequence : request.sequences) {
+      auto it = captures_.find(std::string(reinterpret_cast<const char*>(sequence.data()),
+                                           sequence.size() * sizeof(int32_t)));
+      if (it == captures_.end()) return absl::NotFoundError("sequence not in the store");
+      out.push_back(it->second);
+    }
+    return out;
+  }
+
+ private:
+  StoreReplayRuntime() = default;
+  specstream::teacher::ModelDescription description_;
+  absl::flat_hash_map<std::string, specstream::teacher::SequenceCapture> captures_;
+};
+
+// Online tokens/s from a TeacherServer over `target` with `transport`, or -1.
+double TrainOnline(specstream::teacher::TargetRuntime& target, const std::string& dir,
+                   const std::string& transport, int64_t steps) {
+  specstream::teacher::TeacherServerOptions server_options;
+  server_options.service.payload_dtype = "bfloat16";
+  server_options.service.keep_target_ids = true;
+  auto server = specstream::teacher::TeacherServer::Start(target, server_options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "online_bench: %s\n", server.status().ToString().c_str());
+    return -1;
+  }
+  specstream::student::TrainerConfig online = Config(dir, steps);
+  online.tokenized = dir + "/data.jsonl";
+  online.teachers = {(*server)->address()};
+  online.transport = transport;
+  const double tps = Train(online, steps);
+  (*server)->Shutdown(absl::Seconds(5));
+  return tps;
 }
 
 }  // namespace
@@ -128,29 +210,33 @@ int main(int argc, char** argv) {
       static_cast<long>(kHidden), static_cast<long>(kLength), static_cast<long>(steps));
   std::printf("%-10s %12s %10s\n", "source", "tokens/s", "vs store");
   std::printf("%-10s %12.0f %10.2f\n", "store", offline_tps, 1.0);
-  double worst = 1e9;
+  double worst = 1e9, worst_spare = 1e9;
   for (const char* transport : {"inline", "shm"}) {
-    specstream::teacher::TeacherServerOptions server_options;
-    server_options.service.payload_dtype = "bfloat16";
-    server_options.service.keep_target_ids = true;
-    auto server = specstream::teacher::TeacherServer::Start(**runtime, server_options);
-    if (!server.ok()) return 1;
-    specstream::student::TrainerConfig online = Config(dir, steps);
-    online.tokenized = dir + "/data.jsonl";
-    online.teachers = {(*server)->address()};
-    online.transport = transport;
-    const double tps = Train(online, steps);
-    (*server)->Shutdown(absl::Seconds(5));
+    const double tps = TrainOnline(**runtime, dir, transport, steps);
     if (tps <= 0) return 1;
     std::printf("%-10s %12.0f %10.2f\n", transport, tps, tps / offline_tps);
     worst = std::min(worst, tps / offline_tps);
   }
+  // The same streams from a teacher whose forward costs the shared cores
+  // nothing (its captures replayed from the store).
+  auto replay = StoreReplayRuntime::Open(dir + "/store", (*runtime)->Describe());
+  if (!replay.ok()) {
+    std::fprintf(stderr, "online_bench: %s\n", replay.status().ToString().c_str());
+    return 1;
+  }
+  for (const char* transport : {"inline", "shm"}) {
+    const double tps = TrainOnline(**replay, dir, transport, steps);
+    if (tps <= 0) return 1;
+    std::printf("%-10s %12.0f %10.2f   (teacher with spare capacity)\n", transport, tps,
+                tps / offline_tps);
+    worst_spare = std::min(worst_spare, tps / offline_tps);
+  }
   std::filesystem::remove_all(dir);
   std::printf(
-      "online_bench: online / offline >= %.2f (goal 0.95 with dedicated teacher devices; "
-      "floor 0.5 with teacher and student on the same two cores)\n",
-      worst);
-  if (worst < 0.5) {
+      "online_bench: online / offline >= %.2f with the target computing on the student's cores "
+      "(floor 0.5), >= %.2f with a teacher of spare capacity (goal 0.95, floor 0.8)\n",
+      worst, worst_spare);
+  if (worst < 0.5 || worst_spare < 0.8) {
     std::printf("online_bench: FAIL\n");
     return 1;
   }
