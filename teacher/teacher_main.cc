@@ -80,6 +80,7 @@ struct RuntimeFlags {
   std::string runtime = "hf";
   int tp = 0;  // 0: one rank per --devices entry
   int ep = 1;
+  std::string log_level;  // the global --log-level, handed to the TP workers
 
   void Add(CLI::App* app) {
     app->add_option("--model", model, "Target checkpoint directory (HF layout)")->required();
@@ -109,6 +110,7 @@ struct RuntimeFlags {
                                                      spec.devices.size(), " --devices given"));
     }
     spec.ep_size = ep;
+    spec.log_level = log_level;
     spec.worker_executable = SelfExecutable();
     return LaunchRuntime(spec);
   }
@@ -380,6 +382,9 @@ int main(int argc, char** argv) {
   LoggingOptions logging;
   logging.role = "teacher";
   logging.level = log_level;
+  for (RuntimeFlags* flags : {&forward_flags, &dump_flags, &serve_flags}) {
+    flags->log_level = log_level;
+  }
   if (*worker_cmd) logging.rank = worker.rank;
   if (!InitLogging(logging)) {
     std::cerr << "specstream-teacher: unknown --log-level \"" << log_level << "\"\n";

@@ -143,22 +143,15 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
   int port = 0;
   ASSIGN_OR_RETURN(auto store, CreateTcpStore(rendezvous, &port));
   for (int rank = 1; rank < world; ++rank) {
-    std::vector<std::string> args = {spec.worker_executable,
-                                     "tp-worker",
-                                     "--runtime",
-                                     spec.runtime,
-                                     "--model",
-                                     spec.model_dir,
-                                     "--dtype",
-                                     spec.dtype,
-                                     "--rank",
-                                     std::to_string(rank),
-                                     "--world-size",
-                                     std::to_string(world),
-                                     "--ep",
-                                     std::to_string(spec.ep_size),
-                                     "--master-port",
-                                     std::to_string(port)};
+    std::vector<std::string> args = {spec.worker_executable};
+    if (!spec.log_level.empty()) {
+      args.push_back("--log-level");
+      args.push_back(spec.log_level);
+    }
+    args.insert(args.end(),
+                {"tp-worker", "--runtime", spec.runtime, "--model", spec.model_dir, "--dtype",
+                 spec.dtype, "--rank", std::to_string(rank), "--world-size", std::to_string(world),
+                 "--ep", std::to_string(spec.ep_size), "--master-port", std::to_string(port)});
     if (!spec.capture_layer_ids.empty()) {
       args.push_back("--capture-layers");
       args.push_back(absl::StrJoin(spec.capture_layer_ids, ","));

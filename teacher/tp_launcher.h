@@ -36,6 +36,7 @@ struct RuntimeSpec {
   std::vector<int> capture_layer_ids;
   std::vector<std::string> devices = {"cpu"};  // "cpu" or "cuda:N"; one TP rank each
   int ep_size = 1;                             // expert parallelism within the TP group
+  std::string log_level;                       // workers' --log-level; empty: their default
   std::string worker_executable;               // the specstream-teacher binary (for tp-worker)
   std::chrono::milliseconds setup_timeout{std::chrono::minutes(10)};
 };
