@@ -34,93 +34,33 @@ absl::Status HfRuntime::Load() {
   return absl::OkStatus();
 }
 
-absl::Status HfRuntime::Validate(const ForwardRequest& request) const {
-  return ValidateForwardRequest(request, config_);
-}
-
-absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Forward(const ForwardRequest& request) {
-  if (options_.tp_rank != 0) {
-    return absl::FailedPreconditionError("Forward is called on TP rank 0; followers RunFollower()");
-  }
-  RETURN_IF_ERROR(Validate(request));
-  if (options_.tp_size > 1 && !options_.group) {
-    return absl::FailedPreconditionError("tensor parallelism needs a process group");
-  }
-  const int64_t batch = static_cast<int64_t>(request.sequences.size());
-  int64_t max_len = 0;
-  std::vector<int64_t> lengths;
-  for (const auto& seq : request.sequences) {
-    lengths.push_back(static_cast<int64_t>(seq.size()));
-    max_len = std::max<int64_t>(max_len, static_cast<int64_t>(seq.size()));
-  }
-  // Right padding with id 0: causal attention keeps padding out of every real
-  // position, so captures of real tokens are exact.
-  torch::Tensor ids = torch::zeros({batch, max_len}, torch::kInt64);
-  auto acc = ids.accessor<int64_t, 2>();
+absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(const torch::Tensor& ids,
+                                                                const std::vector<int64_t>& lengths,
+                                                                bool want_target_ids) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  torch::Tensor padded = torch::zeros({batch, longest}, torch::kInt64);
+  int64_t offset = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t t = 0; t < lengths[b]; ++t) acc[b][t] = request.sequences[b][t];
+    padded[b].narrow(0, 0, lengths[b]).copy_(ids.narrow(0, offset, lengths[b]));
+    offset += lengths[b];
   }
-  if (options_.tp_size > 1) {
-    torch::Tensor header =
-        torch::tensor({batch, max_len, int64_t{request.want_target_ids}}, torch::kInt64);
-    // Once a collective has failed the followers are out of step with us;
-    // StopFollowers then refuses to broadcast (the caller stops the workers).
-    absl::Status sent = Broadcast(*options_.group, header, 0);
-    torch::Tensor lens = torch::tensor(lengths, torch::kInt64);
-    if (sent.ok()) sent = Broadcast(*options_.group, lens, 0);
-    if (sent.ok()) sent = Broadcast(*options_.group, ids, 0);
-    if (!sent.ok()) {
-      group_broken_ = true;
-      return sent;
-    }
-  }
-  auto result = Compute(ids, lengths, request.want_target_ids, nullptr);
-  if (!result.ok() && options_.tp_size > 1) group_broken_ = true;
-  return result;
-}
-
-absl::Status HfRuntime::RunFollower() {
-  if (options_.tp_rank == 0) return absl::FailedPreconditionError("rank 0 is the leader");
-  if (!options_.group) return absl::FailedPreconditionError("no process group attached");
-  while (true) {
-    torch::Tensor header = torch::zeros({3}, torch::kInt64);
-    RETURN_IF_ERROR(Broadcast(*options_.group, header, 0));
-    const int64_t batch = header[0].item<int64_t>();
-    if (batch == 0) return absl::OkStatus();
-    const int64_t max_len = header[1].item<int64_t>();
-    torch::Tensor lens = torch::zeros({batch}, torch::kInt64);
-    RETURN_IF_ERROR(Broadcast(*options_.group, lens, 0));
-    torch::Tensor ids = torch::zeros({batch, max_len}, torch::kInt64);
-    RETURN_IF_ERROR(Broadcast(*options_.group, ids, 0));
-    std::vector<int64_t> lengths(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + batch);
-    auto result = Compute(ids, lengths, header[2].item<int64_t>() != 0, nullptr);
-    if (!result.ok()) return result.status();
-  }
-}
-
-absl::Status HfRuntime::StopFollowers() {
-  if (options_.tp_size == 1 || followers_stopped_) return absl::OkStatus();
-  followers_stopped_ = true;
-  if (group_broken_) {
-    return absl::AbortedError("the TP group is out of step after a failed forward");
-  }
-  torch::Tensor header = torch::zeros({3}, torch::kInt64);
-  return Broadcast(*options_.group, header, 0);
+  return ComputePadded(padded, lengths, want_target_ids, nullptr);
 }
 
 absl::StatusOr<std::vector<torch::Tensor>> HfRuntime::HiddenStates(
     const std::vector<int32_t>& ids) {
   ForwardRequest request;
   request.sequences = {ids};
-  RETURN_IF_ERROR(Validate(request));
+  RETURN_IF_ERROR(ValidateForwardRequest(request, config_));
   torch::Tensor input = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end())).unsqueeze(0);
   std::vector<torch::Tensor> hidden;
-  auto result = Compute(input, {static_cast<int64_t>(ids.size())}, false, &hidden);
+  auto result = ComputePadded(input, {static_cast<int64_t>(ids.size())}, false, &hidden);
   if (!result.ok()) return result.status();
   return hidden;
 }
 
-absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(
+absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
     std::vector<torch::Tensor>* all_hidden) {
   std::vector<SequenceCapture> out;

@@ -32,39 +32,31 @@ class HfRuntime final : public TensorParallelRuntime {
   ~HfRuntime() override;
 
   const ModelDescription& Describe() const override { return description_; }
-  absl::StatusOr<std::vector<SequenceCapture>> Forward(const ForwardRequest& request) override;
-
-  void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) override {
-    options_.group = std::move(group);
-  }
-  absl::Status RunFollower() override;
-  absl::Status StopFollowers() override;
+  const HfModelConfig& config() const override { return config_; }
 
   // HF's output_hidden_states for one sequence (no TP broadcast; every rank
   // must call it together under TP): [0] = embeddings, [i+1] = output of
   // layer i, each [T, H]. For checking capture wiring.
   absl::StatusOr<std::vector<torch::Tensor>> HiddenStates(const std::vector<int32_t>& ids);
 
-  const HfModelConfig& config() const { return config_; }
-
  private:
   HfRuntime() = default;
   absl::Status Load();
-  absl::Status Validate(const ForwardRequest& request) const;
-  // The computation every rank runs. ids [B, T] int64 right-padded.
+  // Right-pads the packed sequences (id 0) and runs ComputePadded.
   absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
                                                        const std::vector<int64_t>& lengths,
-                                                       bool want_target_ids,
-                                                       std::vector<torch::Tensor>* all_hidden);
+                                                       bool want_target_ids) override;
+  // ids [B, T] int64 right-padded; causal attention keeps the padding out of
+  // every real position.
+  absl::StatusOr<std::vector<SequenceCapture>> ComputePadded(
+      const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
+      std::vector<torch::Tensor>* all_hidden);
 
-  HfRuntimeOptions options_;
   HfModelConfig config_;
   ModelDescription description_;
   torch::Dtype dtype_ = torch::kFloat32;
   std::unique_ptr<ModelWeights> weights_;
   std::optional<nn::Rotary> rotary_;
-  bool followers_stopped_ = false;
-  bool group_broken_ = false;  // a collective failed mid-forward
 };
 
 }  // namespace specstream::teacher

@@ -45,30 +45,19 @@ class SglangRuntime final : public TensorParallelRuntime {
   ~SglangRuntime() override;
 
   const ModelDescription& Describe() const override { return description_; }
-  absl::StatusOr<std::vector<SequenceCapture>> Forward(const ForwardRequest& request) override;
-
-  void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) override {
-    options_.group = std::move(group);
-  }
-  absl::Status RunFollower() override;
-  absl::Status StopFollowers() override;
-
-  const HfModelConfig& config() const { return config_; }
+  const HfModelConfig& config() const override { return config_; }
 
  private:
   struct Layer;
   SglangRuntime() = default;
   absl::Status Load();
-  // The computation every rank runs: ids int64 [N] packed, lengths summing
-  // to N.
   absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
                                                        const std::vector<int64_t>& lengths,
-                                                       bool want_target_ids);
+                                                       bool want_target_ids) override;
   // A sparse layer's MLP over the packed tokens x [N, H]: this rank's partial
   // sum under TP (the caller all-reduces it). Throws on a failed collective.
   torch::Tensor SparseMlp(const Layer& layer, const torch::Tensor& x);
 
-  SglangRuntimeOptions options_;
   HfModelConfig config_;
   ModelDescription description_;
   torch::Dtype dtype_ = torch::kFloat32;
@@ -77,8 +66,6 @@ class SglangRuntime final : public TensorParallelRuntime {
   torch::Tensor norm_;     // [H]
   torch::Tensor lm_head_;  // [V, H] (the embedding when tied)
   std::optional<nn::Rotary> rotary_;
-  bool followers_stopped_ = false;
-  bool group_broken_ = false;  // a collective failed mid-forward
 };
 
 }  // namespace specstream::teacher

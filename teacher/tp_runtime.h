@@ -16,6 +16,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/hf_config.h"
 #include "teacher/target_runtime.h"
 
 namespace specstream::teacher {
@@ -41,13 +43,39 @@ struct TargetRuntimeOptions {
   int64_t max_score_elements = int64_t{1} << 22;
 };
 
+// The leader/follower protocol, shared by the runtimes: a forward is
+// broadcast as a header {sequences, total tokens, want_target_ids}, the
+// sequence lengths and the ids packed back to back (int64 [total]); every
+// rank then runs Compute on the same packed ids. A header of 0 sequences
+// releases the followers.
 class TensorParallelRuntime : public TargetRuntime {
  public:
-  virtual void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) = 0;
+  // Rank 0: validates the request, broadcasts it to the followers, computes.
+  absl::StatusOr<std::vector<SequenceCapture>> Forward(const ForwardRequest& request) final;
+  void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    options_.group = std::move(group);
+  }
   // Followers (tp_rank > 0): serve the leader's broadcasts until stopped.
-  virtual absl::Status RunFollower() = 0;
-  // Leader: releases the followers; idempotent.
-  virtual absl::Status StopFollowers() = 0;
+  absl::Status RunFollower();
+  // Leader: releases the followers; idempotent. Aborted (without a
+  // broadcast) once a collective failed mid-forward: the followers are then
+  // out of step and the caller stops the workers.
+  absl::Status StopFollowers();
+
+  virtual const HfModelConfig& config() const = 0;
+
+ protected:
+  // The forward every rank runs: `ids` int64 [N] holds the sequences back to
+  // back, `lengths` sums to N. Target ids are computed on rank 0 only.
+  virtual absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
+                                                               const std::vector<int64_t>& lengths,
+                                                               bool want_target_ids) = 0;
+
+  TargetRuntimeOptions options_;
+
+ private:
+  bool followers_stopped_ = false;
+  bool group_broken_ = false;  // a collective failed mid-forward
 };
 
 }  // namespace specstream::teacher
