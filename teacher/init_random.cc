@@ -264,6 +264,17 @@ absl::StatusOr<HfModelConfig> MakeRandomConfig(const InitRandomOptions& options)
                                   "have experts; --arch is ",
                                   options.arch));
   }
+  if (!options.mlp_only_layers.empty() && options.arch != "qwen3_moe") {
+    return FlagError("mlp-only-layers", absl::StrCat("only qwen3_moe has dense layers among "
+                                                     "sparse ones; --arch is ",
+                                                     options.arch));
+  }
+  for (int64_t layer : options.mlp_only_layers) {
+    if (layer < 0 || layer >= options.layers) {
+      return FlagError("mlp-only-layers", absl::StrCat("layer ", layer, " is outside [0, --layers ",
+                                                       options.layers, ")"));
+    }
+  }
   if (options.shared_expert_intermediate < 0 ||
       (options.shared_expert_intermediate > 0 && options.arch != "qwen3_moe")) {
     return FlagError(
@@ -331,6 +342,7 @@ absl::StatusOr<HfModelConfig> MakeRandomConfig(const InitRandomOptions& options)
       if (options.shared_expert_intermediate > 0) {
         c.shared_expert_intermediate_size = options.shared_expert_intermediate;
       }
+      c.mlp_only_layers = options.mlp_only_layers;
     } else {
       c.router_aux_loss_coef = 0.02;
     }

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -49,12 +50,14 @@ struct InitRandomOptions {
   int64_t experts = 0;                     // --experts E.
   int64_t top_k = 0;                       // --top-k K (1 <= K <= E).
   int64_t shared_expert_intermediate = 0;  // --shared-expert-intermediate (qwen3_moe; 0: none).
+  std::vector<int64_t> mlp_only_layers;    // --mlp-only-layers (qwen3_moe): dense layers.
 };
 
 // The config.json the checkpoint gets: model_type = arch, architectures
 // {Llama,Qwen2,Qwen3,Mistral,Qwen3Moe,Mixtral}ForCausalLM, the given sizes,
 // torch_dtype = dtype, no sliding window, no rope scaling. MoE archs: every
-// layer sparse, E experts of --intermediate each, top-K renormalised
+// layer sparse but qwen3_moe's --mlp-only-layers (dense MLPs of
+// --intermediate), E experts of --intermediate each, top-K renormalised
 // (norm_topk_prob true). InvalidArgument naming the flag
 // (e.g. `--kv-heads: 3 does not divide --heads 8`) for a bad option; `out`
 // and `shards` are not looked at.

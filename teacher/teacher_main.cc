@@ -290,6 +290,10 @@ int main(int argc, char** argv) {
   init_cmd->add_option("--top-k", init.top_k, "MoE archs: experts per token");
   init_cmd->add_option("--shared-expert-intermediate", init.shared_expert_intermediate,
                        "qwen3_moe: size of a shared expert (default none)");
+  init_cmd
+      ->add_option("--mlp-only-layers", init.mlp_only_layers,
+                   "qwen3_moe: layers with a dense MLP instead of experts, e.g. 0,3")
+      ->delimiter(',');
 
   RuntimeFlags forward_flags;
   std::string ids;

@@ -23,6 +23,7 @@ void WriteTinyModel(const std::string& dir, const TinyModelOptions& o) {
   init.experts = o.experts;
   init.top_k = o.top_k;
   init.shared_expert_intermediate = o.shared_expert_intermediate;
+  init.mlp_only_layers = o.mlp_only_layers;
   init.out = dir;
   absl::Status status = teacher::WriteRandomCheckpoint(init);
   ASSERT_TRUE(status.ok()) << status;

@@ -29,6 +29,7 @@ struct TinyModelOptions {
   int experts = 0;
   int top_k = 0;
   int shared_expert_intermediate = 0;
+  std::vector<int64_t> mlp_only_layers;  // qwen3_moe
   // Applied to the config after it is written.
   std::function<void(HfModelConfig&)> edit_config;
 };

@@ -398,6 +398,14 @@ TEST(InitRandomTest, RefusesBadOptionsNamingTheFlag) {
       {[](InitRandomOptions& o) { o.arch = "qwen3_moe"; }, "--experts"},
       {[](InitRandomOptions& o) { o.experts = 4; }, "--experts"},  // llama has none.
       {[](InitRandomOptions& o) { o.top_k = 2; }, "--top-k"},
+      {[](InitRandomOptions& o) { o.mlp_only_layers = {0}; }, "--mlp-only-layers"},  // llama
+      {[](InitRandomOptions& o) {
+         o.arch = "qwen3_moe";
+         o.experts = 4;
+         o.top_k = 2;
+         o.mlp_only_layers = {2};  // of 2 layers
+       },
+       "--mlp-only-layers"},
       {[](InitRandomOptions& o) {
          o.arch = "mixtral";
          o.experts = 4;

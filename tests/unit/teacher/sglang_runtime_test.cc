@@ -260,9 +260,14 @@ TinyModelOptions MoeModel(const std::string& arch) {
 }
 
 TEST(SglangRuntimeMoeTest, EveryExpertParallelLayoutMatchesThePerTokenLoop) {
-  for (const char* arch : {"qwen3_moe", "mixtral"}) {
+  TinyModelOptions with_dense_layers = MoeModel("qwen3_moe");
+  with_dense_layers.mlp_only_layers = {0, 5};  // dense MLPs among the sparse layers
+  const std::vector<std::pair<std::string, TinyModelOptions>> models = {
+      {"qwen3_moe", MoeModel("qwen3_moe")},
+      {"mixtral", MoeModel("mixtral")},
+      {"qwen3_moe with dense layers 0,5", with_dense_layers}};
+  for (const auto& [arch, model] : models) {
     TempDir dir;
-    const TinyModelOptions model = MoeModel(arch);
     WriteTinyModel(dir.path(), model);
     TargetRuntimeOptions reference = Options(dir.path());
     reference.moe_per_token_loop = true;
