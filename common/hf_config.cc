@@ -318,6 +318,23 @@ bool HfModelConfig::IsMoeLayer(int64_t layer) const {
   return decoder_sparse_step <= 1 || (layer + 1) % decoder_sparse_step == 0;
 }
 
+int64_t HfModelConfig::expert_intermediate_size() const {
+  return model_type == "mixtral" ? intermediate_size : moe_intermediate_size;
+}
+
+const char* HfModelConfig::expert_intermediate_field() const {
+  return model_type == "mixtral" ? "intermediate_size" : "moe_intermediate_size";
+}
+
+ExpertTensorNames MoeTensorNames(const HfModelConfig& config, int64_t layer) {
+  if (config.model_type == "mixtral") {
+    return {absl::StrCat("model.layers.", layer, ".block_sparse_moe."), "w1.weight", "w3.weight",
+            "w2.weight"};
+  }
+  return {absl::StrCat("model.layers.", layer, ".mlp."), "gate_proj.weight", "up_proj.weight",
+          "down_proj.weight"};
+}
+
 absl::StatusOr<HfModelConfig> ParseHfConfig(absl::string_view text) {
   Json root;
   try {

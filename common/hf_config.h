@@ -91,7 +91,24 @@ struct HfModelConfig {
   // True when decoder layer `layer` (0-indexed) is sparse, as transformers
   // decides it for qwen3_moe (mlp_only_layers, decoder_sparse_step).
   bool IsMoeLayer(int64_t layer) const;
+  // One expert's MLP size and its config field: moe_intermediate_size
+  // (qwen3_moe) or intermediate_size (mixtral).
+  int64_t expert_intermediate_size() const;
+  const char* expert_intermediate_field() const;
 };
+
+// Checkpoint names of sparse layer `layer`'s tensors, as transformers lays
+// them out: the router is `block + "gate.weight"`, expert e's matrices
+// `block + "experts.<e>." + gate|up|down`.
+//   qwen3_moe  block "model.layers.<i>.mlp.", gate_proj/up_proj/down_proj.weight
+//   mixtral    block "model.layers.<i>.block_sparse_moe.", w1/w3/w2.weight
+struct ExpertTensorNames {
+  std::string block;
+  const char* gate;
+  const char* up;
+  const char* down;
+};
+ExpertTensorNames MoeTensorNames(const HfModelConfig& config, int64_t layer);
 
 // Parses and validates config.json text. Errors are InvalidArgument naming
 // the field and the reason, e.g. `field "hidden_size": must be positive, got 0`

@@ -171,19 +171,14 @@ std::vector<TensorPlan> PlanTensors(const HfModelConfig& c) {
     if (c.IsMoeLayer(i)) {
       // The router's logits are O(1), so tokens spread over the experts; the
       // renormalised top-k mix keeps the branch at one MLP's scale.
-      const bool mixtral = c.model_type == "mixtral";
-      const std::string moe =
-          absl::StrCat("model.layers.", i, mixtral ? ".block_sparse_moe." : ".mlp.");
-      const int64_t expert_inter = mixtral ? c.intermediate_size : c.moe_intermediate_size;
-      uniform(moe + "gate.weight", {c.num_experts, h}, in_scale(h));
+      const ExpertTensorNames names = MoeTensorNames(c, i);
+      const int64_t expert_inter = c.expert_intermediate_size();
+      uniform(names.block + "gate.weight", {c.num_experts, h}, in_scale(h));
       for (int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string expert = absl::StrCat(moe, "experts.", e, ".");
-        uniform(expert + (mixtral ? "w1.weight" : "gate_proj.weight"), {expert_inter, h},
-                in_scale(h));
-        uniform(expert + (mixtral ? "w3.weight" : "up_proj.weight"), {expert_inter, h},
-                in_scale(h));
-        uniform(expert + (mixtral ? "w2.weight" : "down_proj.weight"), {h, expert_inter},
-                out_scale(expert_inter));
+        const std::string expert = absl::StrCat(names.block, "experts.", e, ".");
+        uniform(expert + names.gate, {expert_inter, h}, in_scale(h));
+        uniform(expert + names.up, {expert_inter, h}, in_scale(h));
+        uniform(expert + names.down, {h, expert_inter}, out_scale(expert_inter));
       }
       if (c.shared_expert_intermediate_size) {
         const int64_t shared = *c.shared_expert_intermediate_size;

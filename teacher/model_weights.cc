@@ -23,20 +23,12 @@ class WeightLoader final {
 
   // Checks that the tensor exists with exactly `shape`, without reading it.
   absl::Status Check(const std::string& name, const std::vector<int64_t>& shape) {
-    ASSIGN_OR_RETURN(TensorView view, checkpoint_.Get(name));
-    if (view.shape != shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(view.shape, ", "),
-                       "] but the config implies [", absl::StrJoin(shape, ", "), "]"));
-    }
-    used_.insert(name);
-    return absl::OkStatus();
+    return View(name, shape).status();
   }
 
   // The full tensor, which must have exactly `shape`.
   absl::StatusOr<torch::Tensor> Full(const std::string& name, std::vector<int64_t> shape) {
-    RETURN_IF_ERROR(Check(name, shape));
-    ASSIGN_OR_RETURN(TensorView view, checkpoint_.Get(name));
+    ASSIGN_OR_RETURN(TensorView view, View(name, shape));
     return TensorFromView(view, dtype_);
   }
 
@@ -49,8 +41,7 @@ class WeightLoader final {
   // Slice `rank` of `size` along `dim`.
   absl::StatusOr<torch::Tensor> ShardOf(const std::string& name, std::vector<int64_t> shape,
                                         int dim, int rank, int size) {
-    RETURN_IF_ERROR(Check(name, shape));
-    ASSIGN_OR_RETURN(TensorView view, checkpoint_.Get(name));
+    ASSIGN_OR_RETURN(TensorView view, View(name, shape));
     const int64_t part = shape[dim] / size;
     torch::Tensor out;
     RETURN_IF_ERROR(CatchTorch(name, [&] {
@@ -62,38 +53,46 @@ class WeightLoader final {
   const std::set<std::string>& used() const { return used_; }
 
  private:
+  // The tensor's view, which must have exactly `shape`; marks it used.
+  absl::StatusOr<TensorView> View(const std::string& name, const std::vector<int64_t>& shape) {
+    ASSIGN_OR_RETURN(TensorView view, checkpoint_.Get(name));
+    if (view.shape != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(view.shape, ", "),
+                       "] but the config implies [", absl::StrJoin(shape, ", "), "]"));
+    }
+    used_.insert(name);
+    return view;
+  }
+
   const CheckpointTensors& checkpoint_;
   torch::Dtype dtype_;
   int rank_, size_;
   std::set<std::string> used_;
 };
 
-// A sparse layer's router and experts under `prefix` ("model.layers.i.mlp."
-// or, for mixtral, "model.layers.i.block_sparse_moe.").
-absl::StatusOr<MoeLayerWeights> LoadMoeLayer(WeightLoader& w, const std::string& prefix,
-                                             const HfModelConfig& c, const ParallelLayout& layout) {
-  const bool mixtral = c.model_type == "mixtral";
-  const int64_t H = c.hidden_size, E = c.num_experts;
-  const int64_t I = mixtral ? c.intermediate_size : c.moe_intermediate_size;
+// Sparse layer `layer`'s router and experts (names: MoeTensorNames).
+absl::StatusOr<MoeLayerWeights> LoadMoeLayer(WeightLoader& w, int64_t layer, const HfModelConfig& c,
+                                             const ParallelLayout& layout) {
+  const ExpertTensorNames names = MoeTensorNames(c, layer);
+  const std::string& prefix = names.block;
+  const int64_t H = c.hidden_size, E = c.num_experts, I = c.expert_intermediate_size();
   const int64_t local = E / layout.ep_size;
   MoeLayerWeights moe;
   moe.first_expert = layout.ep_rank() * local;
   ASSIGN_OR_RETURN(moe.router, w.Full(prefix + "gate.weight", {E, H}));
-  const char* gate_name = mixtral ? "w1.weight" : "gate_proj.weight";
-  const char* up_name = mixtral ? "w3.weight" : "up_proj.weight";
-  const char* down_name = mixtral ? "w2.weight" : "down_proj.weight";
   for (int64_t e = 0; e < E; ++e) {
     const std::string p = absl::StrCat(prefix, "experts.", e, ".");
     if (e < moe.first_expert || e >= moe.first_expert + local) {
-      RETURN_IF_ERROR(w.Check(p + gate_name, {I, H}));  // another EP rank's
-      RETURN_IF_ERROR(w.Check(p + up_name, {I, H}));
-      RETURN_IF_ERROR(w.Check(p + down_name, {H, I}));
+      RETURN_IF_ERROR(w.Check(p + names.gate, {I, H}));  // another EP rank's
+      RETURN_IF_ERROR(w.Check(p + names.up, {I, H}));
+      RETURN_IF_ERROR(w.Check(p + names.down, {H, I}));
       continue;
     }
     const int rank = layout.moe_tp_rank(), size = layout.moe_tp_size();
-    ASSIGN_OR_RETURN(moe.gate.emplace_back(), w.ShardOf(p + gate_name, {I, H}, 0, rank, size));
-    ASSIGN_OR_RETURN(moe.up.emplace_back(), w.ShardOf(p + up_name, {I, H}, 0, rank, size));
-    ASSIGN_OR_RETURN(moe.down.emplace_back(), w.ShardOf(p + down_name, {H, I}, 1, rank, size));
+    ASSIGN_OR_RETURN(moe.gate.emplace_back(), w.ShardOf(p + names.gate, {I, H}, 0, rank, size));
+    ASSIGN_OR_RETURN(moe.up.emplace_back(), w.ShardOf(p + names.up, {I, H}, 0, rank, size));
+    ASSIGN_OR_RETURN(moe.down.emplace_back(), w.ShardOf(p + names.down, {H, I}, 1, rank, size));
   }
   if (c.shared_expert_intermediate_size) {
     const int64_t S = *c.shared_expert_intermediate_size;
@@ -179,11 +178,10 @@ absl::Status CheckParallelLayout(const HfModelConfig& c, const ParallelLayout& l
                                                    "size --ep ",
                                                    ep_size));
   }
-  const bool mixtral = c.model_type == "mixtral";
-  const int64_t expert_inter = mixtral ? c.intermediate_size : c.moe_intermediate_size;
+  const int64_t expert_inter = c.expert_intermediate_size();
   if (expert_inter % layout.moe_tp_size() != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(mixtral ? "intermediate_size " : "moe_intermediate_size ", expert_inter,
+        absl::StrCat(c.expert_intermediate_field(), " ", expert_inter,
                      " is not divisible by the expert tensor-parallel size ", layout.moe_tp_size(),
                      " (--tp ", tp_size, " / --ep ", ep_size, ")"));
   }
@@ -232,8 +230,7 @@ absl::StatusOr<ModelWeights> LoadTargetWeights(const std::string& model_dir, con
       ASSIGN_OR_RETURN(l.k_norm, w.Full(p + "self_attn.k_norm.weight", {D}));
     }
     if (c.IsMoeLayer(i)) {
-      const std::string prefix = p + (c.model_type == "mixtral" ? "block_sparse_moe." : "mlp.");
-      ASSIGN_OR_RETURN(l.moe, LoadMoeLayer(w, prefix, c, layout));
+      ASSIGN_OR_RETURN(l.moe, LoadMoeLayer(w, i, c, layout));
     } else {
       ASSIGN_OR_RETURN(l.gate, w.Shard(p + "mlp.gate_proj.weight", {I, H}, 0));
       ASSIGN_OR_RETURN(l.up, w.Shard(p + "mlp.up_proj.weight", {I, H}, 0));

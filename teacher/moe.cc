@@ -105,6 +105,7 @@ absl::StatusOr<torch::Tensor> DispatchCombine(const torch::Tensor& x, const Rout
     send_index.push_back(order.narrow(0, block_start[owner_rank], per_owner[owner_rank]));
   }
   torch::Tensor sent = torch::cat(send_index);  // pair index of every row sent
+  torch::Tensor sent_token = token.index_select(0, sent);
   torch::Tensor local_ids =
       expert.index_select(0, sent) - owner.index_select(0, sent) * experts.count();
 
@@ -115,14 +116,13 @@ absl::StatusOr<torch::Tensor> DispatchCombine(const torch::Tensor& x, const Rout
   std::vector<int64_t> recv_rows(incoming.data_ptr<int64_t>(),
                                  incoming.data_ptr<int64_t>() + ranks);
 
-  ASSIGN_OR_RETURN(
-      torch::Tensor rows,
-      AllToAllRows(group, x.index_select(0, token.index_select(0, sent)), send_rows, recv_rows));
+  ASSIGN_OR_RETURN(torch::Tensor rows,
+                   AllToAllRows(group, x.index_select(0, sent_token), send_rows, recv_rows));
   ASSIGN_OR_RETURN(torch::Tensor ids, AllToAllRows(group, local_ids, send_rows, recv_rows));
   torch::Tensor outputs = RunGrouped(rows, ids, experts);
   ASSIGN_OR_RETURN(torch::Tensor back, AllToAllRows(group, outputs, recv_rows, send_rows));
   // Partial outputs of the MoE-TP slices add up like the weighted experts.
-  return torch::zeros_like(x).index_add_(0, token.index_select(0, sent),
+  return torch::zeros_like(x).index_add_(0, sent_token,
                                          back * weight.index_select(0, sent).reshape({-1, 1}));
 }
 

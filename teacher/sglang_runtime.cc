@@ -21,9 +21,8 @@ struct SglangRuntime::Layer {
   torch::Tensor q_norm, k_norm;
   torch::Tensor gate_up, gate_up_bias;  // [2 I / tp, H]: cat(gate, up) shards
   torch::Tensor down, down_bias;
-  // Sparse layers: the router, this rank's experts, and the shared expert
-  // (gate_up/down shards like a dense MLP) where the model has one.
-  bool sparse = false;
+  // Sparse layers (router defined): the router, this rank's experts, and the
+  // shared expert (gate_up/down shards like a dense MLP) where the model has one.
   torch::Tensor router;
   moe::Experts experts;
   torch::Tensor shared_gate_up, shared_down, shared_expert_gate;
@@ -86,7 +85,6 @@ absl::Status SglangRuntime::Load() {
       l.q_norm = w.q_norm;
       l.k_norm = w.k_norm;
       if (w.moe) {
-        l.sparse = true;
         l.router = w.moe->router;
         l.experts = moe::FuseExperts(*w.moe);
         if (w.moe->shared_gate.defined()) {
@@ -203,7 +201,8 @@ absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
       h = h + a;
 
       x = nn::RmsNorm(h, l.post_norm, eps);
-      torch::Tensor m = l.sparse ? SparseMlp(l, x) : FusedMlp(x, l.gate_up, l.gate_up_bias, l.down);
+      torch::Tensor m =
+          l.router.defined() ? SparseMlp(l, x) : FusedMlp(x, l.gate_up, l.gate_up_bias, l.down);
       reduce(m);
       if (l.down_bias.defined()) m = m + l.down_bias;
       h = h + m;
