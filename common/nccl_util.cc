@@ -20,6 +20,20 @@ absl::Status NcclStatus(ncclResult_t result, const char* expr, const char* file,
   }
 }
 
+absl::Status CudaStatus(int error, const char* expr, const char* file, int line) {
+  const cudaError_t code = static_cast<cudaError_t>(error);
+  std::string message =
+      absl::StrCat(file, ":", line, ": ", expr, " failed: ", cudaGetErrorName(code), " (",
+                   cudaGetErrorString(code), ")");
+  cudaGetLastError();  // clear a non-sticky error so later calls start clean
+  if (code == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  if (code == cudaErrorInvalidDevice || code == cudaErrorNoDevice ||
+      code == cudaErrorInsufficientDriver) {
+    return absl::FailedPreconditionError(message);
+  }
+  return absl::InternalError(message);
+}
+
 absl::StatusOr<int> NcclVersion() {
   int version = 0;
   RETURN_IF_NCCL_ERROR(ncclGetVersion(&version));

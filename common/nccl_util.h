@@ -19,6 +19,10 @@ namespace specstream {
 // Converts an ncclResult_t into a status naming the call site.
 absl::Status NcclStatus(ncclResult_t result, const char* expr, const char* file, int line);
 
+// The same for a CUDA runtime error code (cudaError_t, passed as int so this
+// header needs no CUDA include).
+absl::Status CudaStatus(int error, const char* expr, const char* file, int line);
+
 }  // namespace specstream
 
 // Every NCCL call goes through this: returns a status with file:line and
@@ -28,6 +32,15 @@ absl::Status NcclStatus(ncclResult_t result, const char* expr, const char* file,
     ncclResult_t specstream_nccl_result_ = (expr);                                         \
     if (specstream_nccl_result_ != ncclSuccess) {                                          \
       return ::specstream::NcclStatus(specstream_nccl_result_, #expr, __FILE__, __LINE__); \
+    }                                                                                      \
+  } while (false)
+
+// The same for CUDA runtime calls (cudaSuccess is 0).
+#define RETURN_IF_CUDA_ERROR(expr)                                                         \
+  do {                                                                                     \
+    const int specstream_cuda_result_ = static_cast<int>(expr);                            \
+    if (specstream_cuda_result_ != 0) {                                                    \
+      return ::specstream::CudaStatus(specstream_cuda_result_, #expr, __FILE__, __LINE__); \
     }                                                                                      \
   } while (false)
 

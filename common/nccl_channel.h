@@ -1,0 +1,97 @@
+// The NCCL payload transport (TRANSPORT_NCCL, proto/specstream/v1/teacher.proto):
+// a two-rank NCCL communicator between one teacher stream (rank 0, the
+// sender) and one student stream (rank 1, the receiver), joined with the
+// ncclUniqueId the student sent in Open. LibTorch-free; compiled only with
+// SPECSTREAM_WITH_NCCL (target specstream_nccl).
+//
+// Wire contract (both sides must agree, so it is fixed here): a payload of
+// `size` bytes travels as ceil(size / kPieceBytes) ncclSend/ncclRecv pairs of
+// kPieceBytes each, the last one shorter, in order; an empty payload sends
+// nothing. The gRPC stream carries the SampleHeader (contract, length,
+// CRC32C) first, so the receiver knows `size` and has checked the contract
+// before it posts a receive.
+//
+// Data path: payload bytes live in host memory (this build computes on CPU).
+// Each side keeps two pinned host buffers and two device buffers of
+// kPieceBytes on its CUDA device and pipelines them: the sender fills piece
+// i+1 on the CPU while piece i is copied to the device and sent; the receiver
+// copies piece i out while piece i+1 arrives. NCCL picks the link (NVLink,
+// PCIe P2P, InfiniBand or sockets) between the two devices.
+//
+// Failure: every wait polls the CUDA event, NCCL's asynchronous error,
+// `stopped` and the deadline. A peer that never joins, dies mid-transfer or
+// stalls past the timeout, and a stream that ends while a transfer waits,
+// abort the communicator (ncclCommAbort) so nothing hangs; the channel is
+// then broken and every later call returns the first error.
+//
+// Thread-safety: one thread at a time (the stream's payload thread).
+#ifndef SPECSTREAM_COMMON_NCCL_CHANNEL_H_
+#define SPECSTREAM_COMMON_NCCL_CHANNEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace specstream {
+
+struct NcclChannelOptions {
+  // 0: the teacher (sends payloads); 1: the student (receives them).
+  int rank = 0;
+  // The CUDA device that holds this side's buffers and runs NCCL's kernels.
+  int device = 0;
+  // How long Join waits for the peer to join, and how long one Send or Recv
+  // may take; past it the communicator is aborted (DeadlineExceeded).
+  absl::Duration timeout = absl::Seconds(60);
+  // Polled while waiting (about every 50 us); returning true aborts the
+  // communicator and the wait ends with Cancelled. Unset: never.
+  std::function<bool()> stopped;
+};
+
+class NcclChannel {
+ public:
+  // The size of one ncclSend/ncclRecv (the wire contract above).
+  static constexpr uint64_t kPieceBytes = uint64_t{8} << 20;
+
+  // Joins the communicator named by `unique_id` (NCCL_UNIQUE_ID_BYTES raw
+  // bytes) as options.rank and waits until the peer has joined too.
+  // InvalidArgument for a malformed id or rank, FailedPrecondition for a
+  // device that does not exist, DeadlineExceeded when the peer does not join
+  // within the timeout, Cancelled when `stopped` says so.
+  static absl::StatusOr<std::unique_ptr<NcclChannel>> Join(absl::string_view unique_id,
+                                                           NcclChannelOptions options);
+  // Destroys the communicator (aborts it when broken) and frees the buffers.
+  ~NcclChannel();
+  NcclChannel(const NcclChannel&) = delete;
+  NcclChannel& operator=(const NcclChannel&) = delete;
+
+  // Rank 0 only: sends one payload of `size` bytes. `fill(offset, n, dest)`
+  // writes payload bytes [offset, offset + n) into `dest` (host memory, n <=
+  // kPieceBytes); it is called in offset order. Returns once the peer has
+  // received every piece.
+  absl::Status Send(uint64_t size,
+                    const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill);
+
+  // Rank 1 only: receives one payload of exactly `size` bytes (what the
+  // header announced) into `dest`.
+  absl::Status Recv(char* dest, uint64_t size);
+
+  // OK until a transfer failed; then the first error.
+  absl::Status health() const;
+
+ private:
+  struct State;
+  explicit NcclChannel(std::unique_ptr<State> state);
+  absl::Status SendPieces(uint64_t size,
+                          const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill);
+  absl::Status RecvPieces(char* dest, uint64_t size);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace specstream
+
+#endif  // SPECSTREAM_COMMON_NCCL_CHANNEL_H_
