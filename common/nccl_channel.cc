@@ -12,6 +12,9 @@
 #include "cuda_runtime_api.h"
 
 namespace specstream {
+
+static_assert(kPayloadChannelIdBytes == NCCL_UNIQUE_ID_BYTES);
+
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Microseconds(50);
@@ -149,6 +152,10 @@ NcclChannel::NcclChannel(std::unique_ptr<State> state) : state_(std::move(state)
 NcclChannel::~NcclChannel() { state_->Release(); }
 
 absl::Status NcclChannel::health() const { return state_->broken; }
+
+void NcclChannel::set_timeout(absl::Duration timeout) {
+  if (timeout > absl::ZeroDuration()) state_->options.timeout = timeout;
+}
 
 absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Join(absl::string_view unique_id,
                                                                NcclChannelOptions options) {

@@ -36,23 +36,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/payload_channel.h"
 
 namespace specstream {
 
-struct NcclChannelOptions {
-  // 0: the teacher (sends payloads); 1: the student (receives them).
-  int rank = 0;
-  // The CUDA device that holds this side's buffers and runs NCCL's kernels.
-  int device = 0;
-  // How long Join waits for the peer to join, and how long one Send or Recv
-  // may take; past it the communicator is aborted (DeadlineExceeded).
-  absl::Duration timeout = absl::Seconds(60);
-  // Polled while waiting (about every 50 us); returning true aborts the
-  // communicator and the wait ends with Cancelled. Unset: never.
-  std::function<bool()> stopped;
-};
+// rank, device, timeout and stopped (polled about every 50 us).
+using NcclChannelOptions = PayloadChannelOptions;
 
-class NcclChannel {
+class NcclChannel final : public PayloadChannel {
  public:
   // The size of one ncclSend/ncclRecv (the wire contract above).
   static constexpr uint64_t kPieceBytes = uint64_t{8} << 20;
@@ -65,7 +56,7 @@ class NcclChannel {
   static absl::StatusOr<std::unique_ptr<NcclChannel>> Join(absl::string_view unique_id,
                                                            NcclChannelOptions options);
   // Destroys the communicator (aborts it when broken) and frees the buffers.
-  ~NcclChannel();
+  ~NcclChannel() override;
   NcclChannel(const NcclChannel&) = delete;
   NcclChannel& operator=(const NcclChannel&) = delete;
 
@@ -73,15 +64,20 @@ class NcclChannel {
   // writes payload bytes [offset, offset + n) into `dest` (host memory, n <=
   // kPieceBytes); it is called in offset order. Returns once the peer has
   // received every piece.
-  absl::Status Send(uint64_t size,
-                    const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill);
+  absl::Status Send(
+      uint64_t size,
+      const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill) override;
 
   // Rank 1 only: receives one payload of exactly `size` bytes (what the
   // header announced) into `dest`.
-  absl::Status Recv(char* dest, uint64_t size);
+  absl::Status Recv(char* dest, uint64_t size) override;
 
   // OK until a transfer failed; then the first error.
   absl::Status health() const;
+
+  // Changes the timeout of later Send/Recv calls (> 0), e.g. from the join
+  // timeout to a per-payload one.
+  void set_timeout(absl::Duration timeout) override;
 
  private:
   struct State;

@@ -170,9 +170,10 @@ absl::Status ValidateData(v1::DataSpec& data) {
     }
   }
   if (data.transport().empty()) data.set_transport("auto");
-  if (data.transport() != "auto" && data.transport() != "inline" && data.transport() != "shm") {
+  if (data.transport() != "auto" && data.transport() != "inline" && data.transport() != "shm" &&
+      data.transport() != "nccl") {
     return FieldError("data.transport",
-                      absl::StrCat("\"", data.transport(), "\" is not auto, inline or shm"));
+                      absl::StrCat("\"", data.transport(), "\" is not auto, inline, shm or nccl"));
   }
   RETURN_IF_ERROR(RequireNonNegative(data.in_flight(), "data.in_flight"));
   if (data.in_flight() == 0) data.set_in_flight(8);

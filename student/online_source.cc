@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -10,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +26,10 @@
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "grpcpp/generic/generic_stub.h"
+#if SPECSTREAM_WITH_NCCL
+#include "common/nccl_channel.h"
+#include "common/nccl_util.h"
+#endif
 #include "grpcpp/grpcpp.h"
 #include "specstream/v1/teacher.grpc.pb.h"
 
@@ -52,18 +58,39 @@ class OnlineSource::Impl {
     bool delivered = false;  // handed to the trainer; awaiting Commit
   };
 
+  // How one stream's payloads travel (OnlineSourceOptions::transport).
+  struct StreamTransport {
+    v1::Transport kind = v1::TRANSPORT_INLINE;
+    std::unique_ptr<ShmRing> ring;  // TRANSPORT_SHM
+    std::string nccl_unique_id;     // TRANSPORT_NCCL: the communicator this student created
+    int nccl_device = -1;           // TRANSPORT_NCCL: the CUDA device receiving
+  };
+
   // One TeacherService stream (callback reactor). All state changes happen
-  // under Impl::mu_.
+  // under Impl::mu_. A TRANSPORT_NCCL stream also has a receiver thread:
+  // it joins the communicator, then receives the payloads whose headers
+  // have arrived, in header order (the teacher sends them in that order).
   class Stream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
    public:
-    // `ring`: the shared-memory ring this stream's payloads come through,
-    // or null for inline payloads.
     Stream(Impl* owner, std::string address, std::shared_ptr<grpc::Channel> channel,
-           std::unique_ptr<ShmRing> ring)
+           StreamTransport transport)
         : owner_(owner),
           address_(std::move(address)),
           stub_(std::move(channel)),
-          ring_(std::move(ring)) {}
+          transport_(transport.kind),
+          ring_(std::move(transport.ring)),
+          nccl_unique_id_(std::move(transport.nccl_unique_id)),
+          nccl_device_(transport.nccl_device) {}
+
+    // Stops and joins the NCCL receiver (after the call is done).
+    ~Stream() {
+      {
+        std::lock_guard<std::mutex> lock(owner_->mu_);
+        nccl_stop_ = true;
+      }
+      nccl_cv_.notify_all();
+      if (nccl_thread_.joinable()) nccl_thread_.join();
+    }
 
     const std::string& address() const { return address_; }
     bool alive() const { return alive_; }
@@ -78,16 +105,18 @@ class OnlineSource::Impl {
       Enqueue(credit);
     }
 
-    // Starts the call: Open (inline) and the stream's credits.
+    // Starts the call: Open and the stream's credits (and, for NCCL, the
+    // receiver thread, which joins while the teacher does). Called under mu_.
     void Start(int64_t credits) {
       granted_ = credits;
       v1::StreamRequest open;
-      if (ring_ != nullptr) {
-        open.mutable_open()->set_transport(v1::TRANSPORT_SHM);
+      open.mutable_open()->set_transport(transport_);
+      if (transport_ == v1::TRANSPORT_SHM) {
         open.mutable_open()->set_shm_name(ring_->name());
         open.mutable_open()->set_shm_capacity(ring_->capacity());
-      } else {
-        open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+      } else if (transport_ == v1::TRANSPORT_NCCL) {
+        open.mutable_open()->set_nccl_unique_id(nccl_unique_id_);
+        nccl_thread_ = std::thread([this] { NcclReceiveLoop(); });
       }
       Enqueue(open);
       v1::StreamRequest credit;
@@ -160,6 +189,8 @@ class OnlineSource::Impl {
       {
         std::lock_guard<std::mutex> lock(owner_->mu_);
         alive_ = false;
+        nccl_stop_ = true;
+        nccl_cv_.notify_all();
         const absl::Status why =
             status.ok()
                 ? absl::UnavailableError(absl::StrCat("teacher ", address_, " ended the stream"))
@@ -202,12 +233,19 @@ class OnlineSource::Impl {
                               absl::DataLossError(absl::StrCat("teacher ", address_,
                                                                ": bad contract: ", s.message())));
       }
-      Incoming& in = incoming_[header.request_id()];
+      Incoming in;
       in.contract = header.contract();
       in.row_begin = header.row_begin();
       in.payload.resize(header.contract().payload_bytes());
-      in.received = 0;
-      if (in.payload.empty()) Complete(header.request_id());
+      if (in.payload.empty()) return Complete(header.request_id(), std::move(in));
+      if (transport_ == v1::TRANSPORT_NCCL) {
+        // The buffer is sized from the checked contract; the receiver thread
+        // posts the receive for exactly its bytes.
+        nccl_pending_.emplace_back(header.request_id(), std::move(in));
+        nccl_cv_.notify_all();
+        return;
+      }
+      incoming_[header.request_id()] = std::move(in);
     }
 
     void OnChunk(const ReceivedChunk& chunk) {
@@ -230,12 +268,15 @@ class OnlineSource::Impl {
         chunk.CopyTo(dest);
       }
       it->second.received += size;
-      if (it->second.received == it->second.payload.size()) Complete(chunk.request_id());
+      if (it->second.received == it->second.payload.size()) {
+        Incoming in = std::move(it->second);
+        incoming_.erase(it);
+        Complete(chunk.request_id(), std::move(in));
+      }
     }
 
-    void Complete(uint64_t request_id) {
-      Incoming in = std::move(incoming_[request_id]);
-      incoming_.erase(request_id);
+    // A whole payload: checked against its CRC32C, then handed over.
+    void Complete(uint64_t request_id, Incoming in) {
       if (absl::Status s = VerifyPayload(in.contract, in.payload); !s.ok()) {
         return owner_->Failed(
             request_id, absl::DataLossError(absl::StrCat("teacher ", address_, ": ", s.message())));
@@ -243,9 +284,48 @@ class OnlineSource::Impl {
       owner_->Arrived(request_id, in.contract, in.row_begin, std::move(in.payload));
     }
 
+    // The NCCL receiver thread: joins (rank 1) within connect_timeout, then
+    // receives pending payloads one by one, each within sample_timeout. A
+    // failure breaks the stream, so its samples fail over; the end of the
+    // call stops (and aborts) whatever it waits for.
+    void NcclReceiveLoop() {
+      PayloadChannelOptions options;
+      options.rank = 1;
+      options.device = nccl_device_;
+      options.timeout = owner_->options_.connect_timeout;
+      options.stopped = [this] { return nccl_stop_.load(); };
+      absl::StatusOr<std::unique_ptr<PayloadChannel>> channel =
+          owner_->JoinNccl(nccl_unique_id_, std::move(options));
+      if (!channel.ok()) return NcclFailed(channel.status());
+      (*channel)->set_timeout(owner_->options_.sample_timeout);
+      while (true) {
+        std::pair<uint64_t, Incoming> next;
+        {
+          std::unique_lock<std::mutex> lock(owner_->mu_);
+          nccl_cv_.wait(lock, [&] { return nccl_stop_ || !nccl_pending_.empty(); });
+          if (nccl_stop_) return;
+          next = std::move(nccl_pending_.front());
+          nccl_pending_.pop_front();
+        }
+        Incoming& in = next.second;
+        absl::Status received = (*channel)->Recv(in.payload.data(), in.payload.size());
+        if (!received.ok()) return NcclFailed(received);
+        std::lock_guard<std::mutex> lock(owner_->mu_);
+        if (nccl_stop_) return;
+        Complete(next.first, std::move(in));
+      }
+    }
+
+    void NcclFailed(const absl::Status& why) {
+      std::lock_guard<std::mutex> lock(owner_->mu_);
+      if (nccl_stop_) return;  // the call ended first; OnDone fails its samples over
+      Break(Annotate(why, "NCCL payload transport"));
+    }
+
     Impl* owner_;
     std::string address_;
     grpc::GenericStub stub_;
+    const v1::Transport transport_;
     grpc::ClientContext context_;
     grpc::ByteBuffer in_;
     std::deque<grpc::ByteBuffer> outgoing_;
@@ -254,6 +334,12 @@ class OnlineSource::Impl {
     bool call_started_ = false;  // OnDone will come (WaitDone waits for it)
     int64_t granted_ = 0;        // the credit window (an Ack returns its credit)
     std::unique_ptr<ShmRing> ring_;
+    const std::string nccl_unique_id_;
+    const int nccl_device_;
+    std::thread nccl_thread_;
+    std::condition_variable nccl_cv_;                         // with owner_->mu_
+    std::deque<std::pair<uint64_t, Incoming>> nccl_pending_;  // headers read, payload not yet
+    std::atomic<bool> nccl_stop_{false};  // set under owner_->mu_ (for nccl_cv_), read anywhere
     bool alive_ = true;
     std::map<uint64_t, Incoming> incoming_;
     std::mutex done_mu_;
@@ -335,8 +421,8 @@ class OnlineSource::Impl {
                                                           model.dump(), " but another serves ",
                                                           contract_["model"].dump()));
       }
-      ASSIGN_OR_RETURN(std::unique_ptr<ShmRing> ring, RingFor(address, response));
-      streams_.push_back(std::make_unique<Stream>(this, address, channel, std::move(ring)));
+      ASSIGN_OR_RETURN(StreamTransport transport, TransportFor(address, response));
+      streams_.push_back(std::make_unique<Stream>(this, address, channel, std::move(transport)));
     }
     if (streams_.empty()) {
       return absl::UnavailableError(
@@ -388,38 +474,102 @@ class OnlineSource::Impl {
     Release(std::vector<int64_t>{index});
   }
 
-  // The ring for a stream to `address`, or null for inline payloads (see
-  // OnlineSourceOptions::transport). In "auto" a ring that cannot be made
-  // (e.g. /dev/shm too small) falls back to inline with a warning.
-  absl::StatusOr<std::unique_ptr<ShmRing>> RingFor(const std::string& address,
-                                                   const v1::DescribeResponse& teacher) {
+  // How payloads from the teacher at `address` travel (see
+  // OnlineSourceOptions::transport): "auto" takes shared memory with a
+  // teacher on this host, NCCL with another host when both sides have a CUDA
+  // device and NCCL, inline otherwise; a ring or id that cannot be made falls
+  // back to inline with a warning. A forced transport the pair cannot use is
+  // FailedPrecondition naming data.transport.
+  absl::StatusOr<StreamTransport> TransportFor(const std::string& address,
+                                               const v1::DescribeResponse& teacher) {
     const std::string& mode = options_.transport;
-    if (mode == "inline") return nullptr;
-    if (mode != "auto" && mode != "shm") {
+    StreamTransport inline_transport;
+    if (mode == "inline") return inline_transport;
+    if (mode != "auto" && mode != "shm" && mode != "nccl") {
       return absl::InvalidArgumentError(
-          absl::StrCat("data.transport: \"", mode, "\" is not auto, inline or shm"));
+          absl::StrCat("data.transport: \"", mode, "\" is not auto, inline, shm or nccl"));
     }
-    const bool offered = std::find(teacher.transports().begin(), teacher.transports().end(),
-                                   v1::TRANSPORT_SHM) != teacher.transports().end();
+    auto offers = [&](v1::Transport t) {
+      return std::find(teacher.transports().begin(), teacher.transports().end(), t) !=
+             teacher.transports().end();
+    };
     const bool same_host = !teacher.hostname().empty() && teacher.hostname() == LocalHostname() &&
                            !teacher.boot_id().empty() && teacher.boot_id() == LocalBootId();
-    if (!offered || !same_host) {
-      if (mode == "auto") return nullptr;
+    if (mode == "shm" || (mode == "auto" && same_host && offers(v1::TRANSPORT_SHM))) {
+      if (!offers(v1::TRANSPORT_SHM) || !same_host) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "data.transport shm: teacher ", address,
+            offers(v1::TRANSPORT_SHM) ? " runs on another host" : " does not offer shared memory"));
+      }
+      ShmRingOptions ring;
+      ring.name = absl::StrCat("/specstream-", getpid(), "-", options_.rank, "-", streams_.size(),
+                               "-", absl::ToUnixNanos(absl::Now()) % 1000000007);
+      ring.capacity = options_.shm_capacity;
+      absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::Create(ring);
+      if (!created.ok()) {
+        if (mode == "shm") return created.status();
+        SS_LOG_WARN("online: teacher {}: no shared-memory ring ({}); payloads go inline", address,
+                    created.status().ToString());
+        return inline_transport;
+      }
+      StreamTransport shm;
+      shm.kind = v1::TRANSPORT_SHM;
+      shm.ring = *std::move(created);
+      return shm;
+    }
+    absl::StatusOr<StreamTransport> nccl = NcclTransport(address, offers(v1::TRANSPORT_NCCL));
+    if (nccl.ok() || mode == "nccl") return nccl;
+    SS_LOG_DEBUG("online: teacher {}: payloads go inline ({})", address, nccl.status().ToString());
+    return inline_transport;
+  }
+
+  // A TRANSPORT_NCCL stream to `address`, or why there cannot be one.
+  absl::StatusOr<StreamTransport> NcclTransport(const std::string& address, bool offered) {
+    const PayloadChannelFactory& test_channel = options_.nccl_channel_for_testing;
+    if (!SPECSTREAM_WITH_NCCL && test_channel.join == nullptr) {
       return absl::FailedPreconditionError(
-          absl::StrCat("data.transport shm: teacher ", address,
-                       offered ? " runs on another host" : " does not offer shared memory"));
+          "data.transport nccl: this student was built without NCCL (SPECSTREAM_WITH_NCCL=0)");
     }
-    ShmRingOptions ring;
-    ring.name = absl::StrCat("/specstream-", getpid(), "-", options_.rank, "-", streams_.size(),
-                             "-", absl::ToUnixNanos(absl::Now()) % 1000000007);
-    ring.capacity = options_.shm_capacity;
-    absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::Create(ring);
-    if (!created.ok() && mode == "auto") {
-      SS_LOG_WARN("online: teacher {}: no shared-memory ring ({}); payloads go inline", address,
-                  created.status().ToString());
-      return nullptr;
+    if (!offered) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data.transport nccl: teacher ", address,
+          " does not offer NCCL (built without it, or started without a CUDA device)"));
     }
-    return created;
+    StreamTransport nccl;
+    nccl.kind = v1::TRANSPORT_NCCL;
+    if (test_channel.join != nullptr) {
+      ASSIGN_OR_RETURN(nccl.nccl_unique_id, test_channel.new_id());
+      return nccl;
+    }
+#if SPECSTREAM_WITH_NCCL
+    const int devices = CudaDeviceCount();
+    if (devices == 0) {
+      return absl::FailedPreconditionError("data.transport nccl: this student sees no CUDA device");
+    }
+    nccl.nccl_device = options_.nccl_device >= 0 ? options_.nccl_device : options_.rank % devices;
+    if (nccl.nccl_device >= devices) {
+      return absl::FailedPreconditionError(absl::StrCat("data.transport nccl: CUDA device ",
+                                                        nccl.nccl_device, ", but ", devices,
+                                                        " are visible"));
+    }
+    ASSIGN_OR_RETURN(nccl.nccl_unique_id, NewNcclUniqueId());
+#endif
+    return nccl;
+  }
+
+  // Joins a stream's channel as rank 1 (NcclChannel, or the test channel).
+  absl::StatusOr<std::unique_ptr<PayloadChannel>> JoinNccl(absl::string_view unique_id,
+                                                           PayloadChannelOptions options) {
+    if (options_.nccl_channel_for_testing.join != nullptr) {
+      return options_.nccl_channel_for_testing.join(unique_id, std::move(options));
+    }
+#if SPECSTREAM_WITH_NCCL
+    ASSIGN_OR_RETURN(std::unique_ptr<NcclChannel> channel,
+                     NcclChannel::Join(unique_id, std::move(options)));
+    return std::unique_ptr<PayloadChannel>(std::move(channel));
+#else
+    return absl::UnimplementedError("this student was built without NCCL");
+#endif
   }
 
   RowRange Whole(int64_t index) const {

@@ -6,8 +6,9 @@
 // halo). Prefetch() asks ahead so that teachers compute while the student
 // trains; at most `in_flight` samples per teacher are outstanding (the
 // stream's credits), so memory on both sides stays bounded however slow the
-// student is. Payloads arrive as PayloadChunks and are checked against their
-// contract and CRC32C before use.
+// student is. Payloads arrive as PayloadChunks (inline or through a
+// shared-memory ring) or over NCCL, and are checked against their contract
+// and CRC32C before use.
 //
 // Failover and exactly-once: a sample whose teacher fails (stream ends:
 // UNAVAILABLE, deadline, cancellation) or whose payload fails its checksum
@@ -30,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/payload_channel.h"
 #include "student/data_source.h"
 
 namespace specstream::student {
@@ -41,8 +43,16 @@ struct OnlineSourceOptions {
   int64_t in_flight = 8;              // samples outstanding per teacher stream (credits)
   std::string ledger;                 // ledger file (JSONL, appended); empty: none
   // Payload transport: "auto" (shared memory with a teacher on this host —
-  // same hostname and boot id — inline otherwise), "inline" or "shm".
+  // same hostname and boot id —, NCCL with a teacher elsewhere when both
+  // sides have a CUDA device and NCCL, inline otherwise), "inline", "shm" or
+  // "nccl".
   std::string transport = "auto";
+  // The CUDA device that receives NCCL payloads; -1: rank % visible devices.
+  int nccl_device = -1;
+  // Tests only: makes TRANSPORT_NCCL channels instead of NCCL
+  // (tests/testing/loopback_channel.h), so the stream protocol runs without
+  // a GPU. Unset in production.
+  PayloadChannelFactory nccl_channel_for_testing;
   uint64_t shm_capacity = uint64_t{32} << 20;         // ring bytes per shm stream (power of two)
   absl::Duration sample_timeout = absl::Minutes(10);  // one sample, across failovers
   absl::Duration connect_timeout = absl::Seconds(30);

@@ -165,6 +165,7 @@ absl::Status Trainer::Init() {
     online.in_flight = c.in_flight;
     online.transport = c.transport;
     online.token = c.job_token;
+    online.nccl_channel_for_testing = c.nccl_channel_for_testing;
     if (!c.ledger_dir.empty()) {
       std::error_code error;
       std::filesystem::create_directories(c.ledger_dir, error);

@@ -22,6 +22,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/payload_channel.h"
 #include "specstream/v1/job.pb.h"
 #include "student/context_parallel.h"
 #include "student/data_source.h"
@@ -37,11 +38,13 @@ struct TrainerConfig {
   std::string tokenized;
   std::vector<std::string> teachers;
   int64_t in_flight = 8;           // samples outstanding per teacher stream
-  std::string transport = "auto";  // auto | inline | shm (OnlineSourceOptions)
+  std::string transport = "auto";  // auto | inline | shm | nccl (OnlineSourceOptions)
   std::string ledger_dir;          // ledger-rank<r>.jsonl of trained samples; empty: none
   std::string job_token;           // bearer token for teacher streams (coordinator jobs)
-  std::string target_dir;          // target checkpoint (embeddings, lm_head, config)
-  std::string vocab_map;           // map file, or empty to build one of draft_vocab_size
+  // Tests only: OnlineSourceOptions::nccl_channel_for_testing.
+  PayloadChannelFactory nccl_channel_for_testing;
+  std::string target_dir;  // target checkpoint (embeddings, lm_head, config)
+  std::string vocab_map;   // map file, or empty to build one of draft_vocab_size
   int64_t draft_vocab_size = 0;
   // Draft shape overrides; 0 takes the target's.
   int64_t intermediate_size = 0;

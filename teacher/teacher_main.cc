@@ -33,6 +33,9 @@
 #include "teacher/init_random.h"
 #include "teacher/teacher_service.h"
 #include "teacher/tp_launcher.h"
+#if SPECSTREAM_WITH_NCCL
+#include "common/nccl_util.h"
+#endif
 
 namespace {
 
@@ -153,6 +156,8 @@ struct ServeFlags {
   int64_t max_tokens = 0;
   int64_t batch_tokens = 8192;
   int64_t chunk_kib = 1024;
+  std::string nccl_device = "auto";
+  double nccl_timeout_s = 60;
   double shutdown_timeout_s = 30;
   // Under a coordinator (docs/operations.md): register, heartbeat, and serve
   // streams only to the tokens of running jobs.
@@ -181,6 +186,25 @@ void ExportTeacherMetrics(const TeacherService::Stats& stats, TeacherService::St
   last = stats;
 }
 
+// --nccl-device: "auto" (device 0 when this build has NCCL and a CUDA device
+// is visible, else NCCL is not offered), "none", or a device index.
+absl::StatusOr<int> NcclDeviceFlag(const std::string& value) {
+  if (value == "none") return -1;
+  if (value == "auto") {
+#if SPECSTREAM_WITH_NCCL
+    return CudaDeviceCount() > 0 ? 0 : -1;
+#else
+    return -1;
+#endif
+  }
+  int device = -1;
+  if (!absl::SimpleAtoi(value, &device) || device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nccl-device: \"", value, "\" is not auto, none or a device index"));
+  }
+  return device;  // TeacherService::Create checks that it exists
+}
+
 absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   if (serve.shutdown_timeout_s < 0) {
     return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
@@ -198,6 +222,9 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   options.service.max_tokens = serve.max_tokens;
   options.service.max_batch_tokens = serve.batch_tokens;
   options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
+  ASSIGN_OR_RETURN(options.service.nccl_device, NcclDeviceFlag(serve.nccl_device));
+  if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
+  options.service.nccl_timeout = absl::Seconds(serve.nccl_timeout_s);
   services::JobTokenSet job_tokens;
   std::unique_ptr<services::Registration> registration;
   if (!serve.coordinator.empty()) {
@@ -345,6 +372,12 @@ int main(int argc, char** argv) {
                         "Longest sample accepted (0: the model's max positions)");
   serve_cmd->add_option("--batch-tokens", serve.batch_tokens, "Padded tokens per forward");
   serve_cmd->add_option("--chunk-kib", serve.chunk_kib, "Payload chunk size in KiB");
+  serve_cmd->add_option("--nccl-device", serve.nccl_device,
+                        "CUDA device staging TRANSPORT_NCCL payloads: auto (device 0 when the "
+                        "build has NCCL and a device is visible), none, or an index");
+  serve_cmd->add_option("--nccl-timeout", serve.nccl_timeout_s,
+                        "Seconds an NCCL stream waits for the student to join or receive a "
+                        "payload");
   serve_cmd->add_option("--shutdown-timeout", serve.shutdown_timeout_s,
                         "Seconds to finish in-flight samples after SIGTERM/SIGINT");
   serve_cmd->add_option("--coordinator", serve.coordinator,

@@ -23,6 +23,10 @@
 #include "common/shm_ring.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#if SPECSTREAM_WITH_NCCL
+#include "common/nccl_channel.h"
+#include "common/nccl_util.h"
+#endif
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -257,11 +261,11 @@ class TeacherService::Stream final
     absl::Status status;
     {
       absl::MutexLock lock(&mu_);
-      ring_stop_ = true;
+      payload_stop_ = true;
       samples_sent = samples_sent_;
       status = final_status_;
     }
-    if (ring_thread_.joinable()) ring_thread_.join();
+    if (payload_thread_.joinable()) payload_thread_.join();
     SS_LOG_INFO("teacher stream from {} ended: {} sample(s) sent{}", peer_, samples_sent,
                 status.ok() ? "" : absl::StrCat(", ", status.ToString()));
     // May destroy this object (when no job holds it): the last statement.
@@ -342,14 +346,14 @@ class TeacherService::Stream final
       case v1::TRANSPORT_SHM:
         break;
       case v1::TRANSPORT_NCCL:
-        return absl::UnimplementedError(
-            "open.transport: TRANSPORT_NCCL needs a CUDA build of LibTorch (this teacher "
-            "computes on CPU); use TRANSPORT_INLINE or TRANSPORT_SHM");
+        RETURN_IF_ERROR(CheckNcclOpen(open));
+        break;
       default:
         return absl::InvalidArgumentError(absl::StrCat(
             "open.transport: ", v1::Transport_Name(open.transport()), " (",
             static_cast<int>(open.transport()),
-            ") is not a transport this teacher serves (TRANSPORT_INLINE, TRANSPORT_SHM)"));
+            ") is not a transport this teacher serves (TRANSPORT_INLINE, TRANSPORT_SHM, "
+            "TRANSPORT_NCCL)"));
     }
     const v1::DType dtype = service_->description_.dtype();
     if (open.contract_dtype() != v1::DTYPE_UNSPECIFIED && open.contract_dtype() != dtype) {
@@ -379,14 +383,46 @@ class TeacherService::Stream final
     opened_ = true;
     transport_ = open.transport();
     chunk_bytes_ = chunk;
+    if (transport_ == v1::TRANSPORT_NCCL) {
+      // Opened follows once the communicator is joined (NcclLoop); nothing
+      // is written before it.
+      awaiting_join_ = true;
+      payload_thread_ = std::thread([this, id = open.nccl_unique_id()] { NcclLoop(id); });
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(QueueOpenedLocked());
+    if (ring_) payload_thread_ = std::thread([this] { RingLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::Status QueueOpenedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     StreamResponse opened;
     opened.mutable_opened()->set_transport(transport_);
     opened.mutable_opened()->set_chunk_bytes(chunk_bytes_);
     ASSIGN_OR_RETURN(grpc::ByteBuffer buffer, SerializeToByteBuffer(opened));
-    control_.push_back(std::move(buffer));
-    if (ring_) ring_thread_ = std::thread([this] { RingLoop(); });
+    // First, ahead of SampleErrors queued while an NCCL join was pending.
+    control_.push_front(std::move(buffer));
     SS_LOG_INFO("teacher stream from {} opened: {}, {} byte chunks", peer_,
                 v1::Transport_Name(transport_), chunk_bytes_);
+    return absl::OkStatus();
+  }
+
+  // Whether this teacher can open `open` over NCCL.
+  absl::Status CheckNcclOpen(const StreamRequest::Open& open) const {
+    if (!service_->offers_nccl()) {
+      return SPECSTREAM_WITH_NCCL
+                 ? absl::FailedPreconditionError(
+                       "open.transport: TRANSPORT_NCCL: this teacher has no CUDA device for NCCL "
+                       "(serve --nccl-device); use TRANSPORT_INLINE or TRANSPORT_SHM")
+                 : absl::UnimplementedError(
+                       "open.transport: TRANSPORT_NCCL: this teacher was built without NCCL "
+                       "(SPECSTREAM_WITH_NCCL=0); use TRANSPORT_INLINE or TRANSPORT_SHM");
+    }
+    if (open.nccl_unique_id().size() != kPayloadChannelIdBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("open.nccl_unique_id: %d bytes, an ncclUniqueId has %d",
+                          open.nccl_unique_id().size(), kPayloadChannelIdBytes));
+    }
     return absl::OkStatus();
   }
 
@@ -462,10 +498,11 @@ class TeacherService::Stream final
   // interleaved, and nothing else goes between a header and its last
   // chunk), then control messages, then the next ready sample's header.
   absl::StatusOr<bool> NextWriteLocked(grpc::ByteBuffer* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (transport_ == v1::TRANSPORT_SHM) {
-      if (!ring_out_.empty()) {
-        *out = std::move(ring_out_.front());
-        ring_out_.pop_front();
+    if (awaiting_join_) return false;          // Opened comes first
+    if (transport_ != v1::TRANSPORT_INLINE) {  // the payload thread queues what to write
+      if (!payload_out_.empty()) {
+        *out = std::move(payload_out_.front());
+        payload_out_.pop_front();
         return true;
       }
       if (ring_payload_open_) return false;  // the ring thread produces the next chunk
@@ -536,7 +573,8 @@ class TeacherService::Stream final
     // left to send and either the service drains or the student has
     // half-closed (no Credit or Ack can come any more, so requests still
     // waiting for a credit are never served).
-    const bool idle = materialized_ == 0 && !ring_payload_open_ && control_.empty();
+    const bool idle =
+        materialized_ == 0 && !ring_payload_open_ && control_.empty() && !awaiting_join_;
     if (!idle) return;
     if (draining_) {
       FinishLocked(absl::UnavailableError("the teacher is shutting down"));
@@ -555,14 +593,14 @@ class TeacherService::Stream final
     if (end_status_.has_value() || finish_called_) return;
     end_status_ = std::move(status);
     ended_.store(true, std::memory_order_release);
-    ring_stop_ = true;
+    payload_stop_ = true;
   }
 
   void FinishLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_called_) return;
     finish_called_ = true;
     ended_.store(true, std::memory_order_release);
-    ring_stop_ = true;
+    payload_stop_ = true;
     final_status_ = status;
     Finish(ToGrpcStatus(status));
   }
@@ -576,26 +614,8 @@ class TeacherService::Stream final
   // shm_space_timeout.
   void RingLoop() {
     while (true) {
-      std::shared_ptr<const ReadySample> sample;
-      {
-        absl::MutexLock lock(&mu_);
-        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return ring_stop_ || !ready_.empty();
-        };
-        mu_.Await(absl::Condition(&wake));
-        if (ring_stop_) return;
-        sample = std::move(ready_.front());
-        ready_.pop_front();
-        absl::StatusOr<grpc::ByteBuffer> header = HeaderLocked(*sample);
-        if (!header.ok()) {
-          EndLocked(header.status());
-          PumpLocked();
-          return;
-        }
-        ring_out_.push_back(*std::move(header));
-        ring_payload_open_ = true;
-        PumpLocked();
-      }
+      std::shared_ptr<const ReadySample> sample = NextPayload(/*more_messages=*/true);
+      if (sample == nullptr) return;
       const uint64_t size = sample->bytes->size();
       for (uint64_t offset = 0; offset < size;) {
         const uint64_t n = std::min(chunk_bytes_, size - offset);
@@ -622,13 +642,81 @@ class TeacherService::Stream final
           PumpLocked();
           return;
         }
-        ring_out_.push_back(*std::move(buffer));
+        payload_out_.push_back(*std::move(buffer));
         if (offset == size) {
           ring_payload_open_ = false;
           PayloadDoneLocked(*sample);
         }
         PumpLocked();
       }
+    }
+  }
+
+  // Payload threads: waits for the next ready sample and queues its header;
+  // null when the stream has ended. `more_messages`: the payload continues on
+  // the gRPC stream (shm locators), so nothing else may be written until its
+  // last chunk is queued.
+  std::shared_ptr<const ReadySample> NextPayload(bool more_messages) {
+    absl::MutexLock lock(&mu_);
+    auto wake = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return payload_stop_ || !ready_.empty(); };
+    mu_.Await(absl::Condition(&wake));
+    if (payload_stop_) return nullptr;
+    std::shared_ptr<const ReadySample> sample = std::move(ready_.front());
+    ready_.pop_front();
+    absl::StatusOr<grpc::ByteBuffer> header = HeaderLocked(*sample);
+    if (!header.ok()) {
+      EndLocked(header.status());
+      PumpLocked();
+      return nullptr;
+    }
+    payload_out_.push_back(*std::move(header));
+    ring_payload_open_ = more_messages;
+    PumpLocked();
+    return sample;
+  }
+
+  // --- The NCCL thread (TRANSPORT_NCCL) -----------------------------------------------
+
+  // Joins the student's communicator as rank 0, answers Opened, then sends
+  // each ready sample: its header on the stream, its payload with
+  // NcclChannel::Send (the student posts the receive once it has read and
+  // checked the header). A failed join or send ends the stream with its
+  // status; the student re-requests what it did not get.
+  void NcclLoop(const std::string& unique_id) {
+    PayloadChannelOptions options;
+    options.rank = 0;
+    options.device = service_->options_.nccl_device;
+    options.timeout = service_->options_.nccl_timeout;
+    // Polled often while NCCL waits: lock-free. The stream ends (ended_)
+    // before OnDone sets payload_stop_.
+    options.stopped = [this] { return ended(); };
+    absl::StatusOr<std::unique_ptr<PayloadChannel>> channel =
+        service_->JoinNccl(unique_id, std::move(options));
+    {
+      absl::MutexLock lock(&mu_);
+      awaiting_join_ = false;
+      absl::Status opened =
+          channel.ok() ? QueueOpenedLocked() : Annotate(channel.status(), "open.nccl_unique_id");
+      if (!opened.ok() && opened.code() != absl::StatusCode::kCancelled) EndLocked(opened);
+      PumpLocked();
+      if (!opened.ok()) return;
+    }
+    while (true) {
+      std::shared_ptr<const ReadySample> sample = NextPayload(/*more_messages=*/false);
+      if (sample == nullptr) return;
+      const PayloadBytes& bytes = *sample->bytes;
+      absl::Status sent = (*channel)->Send(
+          bytes.size(),
+          [&](uint64_t offset, uint64_t n, char* dest) { bytes.CopyTo(offset, n, dest); });
+      absl::MutexLock lock(&mu_);
+      if (!sent.ok()) {
+        if (sent.code() != absl::StatusCode::kCancelled) EndLocked(sent);
+        PumpLocked();
+        return;
+      }
+      PayloadDoneLocked(*sample);
+      PumpLocked();
     }
   }
 
@@ -639,7 +727,7 @@ class TeacherService::Stream final
     while (true) {
       {
         absl::MutexLock lock(&mu_);
-        if (ring_stop_) return absl::CancelledError("the stream ended");
+        if (payload_stop_) return absl::CancelledError("the stream ended");
       }
       const absl::Duration left = deadline - absl::Now();
       absl::StatusOr<ShmRing::Reservation> record =
@@ -662,7 +750,7 @@ class TeacherService::Stream final
   std::atomic<bool> ended_{false};
   // Written by the ring thread only (producer side of the ring), after Open.
   std::unique_ptr<ShmRing> ring_;
-  std::thread ring_thread_;
+  std::thread payload_thread_;  // shm: RingLoop; nccl: NcclLoop
 
   absl::Mutex mu_;
   // Lifecycle.
@@ -670,14 +758,14 @@ class TeacherService::Stream final
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
-  bool ring_stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool payload_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::Status> end_status_ ABSL_GUARDED_BY(mu_);
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ByteBuffer out_ ABSL_GUARDED_BY(mu_);  // the one write in flight
   // Negotiated at Open.
   v1::Transport transport_ ABSL_GUARDED_BY(mu_) = v1::TRANSPORT_UNSPECIFIED;
-  uint64_t chunk_bytes_ = 0;  // set at Open, before the ring thread starts; then constant
+  uint64_t chunk_bytes_ = 0;  // set at Open, before the payload thread starts; then constant
   // Flow control: in_flight_ counts samples holding a credit (submitted,
   // ready, being sent, or sent and not yet acked); materialized_ those whose
   // payload exists (submitted, ready, being sent).
@@ -693,8 +781,9 @@ class TeacherService::Stream final
   std::deque<std::shared_ptr<const ReadySample>> ready_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const ReadySample> sending_ ABSL_GUARDED_BY(mu_);  // inline: being chunked
   uint64_t sent_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<grpc::ByteBuffer> ring_out_ ABSL_GUARDED_BY(mu_);  // shm: header and locators
+  std::deque<grpc::ByteBuffer> payload_out_ ABSL_GUARDED_BY(mu_);  // shm/nccl: headers, locators
   bool ring_payload_open_ ABSL_GUARDED_BY(mu_) = false;  // shm: header queued, last chunk not
+  bool awaiting_join_ ABSL_GUARDED_BY(mu_) = false;      // nccl: Open seen, communicator not joined
 };
 
 // --- The service -------------------------------------------------------------------
@@ -737,6 +826,21 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
   if (options.shm_space_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("shm_space_timeout: must be > 0");
   }
+  if (options.nccl_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("nccl_timeout: must be > 0");
+  }
+  if (options.nccl_device >= 0) {
+#if SPECSTREAM_WITH_NCCL
+    const int devices = CudaDeviceCount();
+    if (options.nccl_device >= devices) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "nccl_device: CUDA device %d, but %d are visible", options.nccl_device, devices));
+    }
+#else
+    return absl::InvalidArgumentError(
+        "nccl_device: this teacher was built without NCCL (SPECSTREAM_WITH_NCCL=0)");
+#endif
+  }
 
   std::unique_ptr<TeacherService> service(new TeacherService(runtime, std::move(options)));
   service->payload_dtype_ = payload_dtype;
@@ -755,6 +859,7 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
   d.set_boot_id(LocalBootId());
   // Without a boot id a student could not tell that it shares the host.
   if (!d.boot_id().empty() && !d.hostname().empty()) d.add_transports(v1::TRANSPORT_SHM);
+  if (service->offers_nccl()) d.add_transports(v1::TRANSPORT_NCCL);
   d.set_max_message_bytes(static_cast<int64_t>(std::max<uint64_t>(
       service->options_.chunk_bytes + kMaxChunkHeaderBytes, kMaxControlMessageBytes)));
   service->compute_thread_ = std::thread([s = service.get()] { s->ComputeLoop(); });
@@ -765,6 +870,24 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
 }
 
 TeacherService::~TeacherService() { Stop(); }
+
+bool TeacherService::offers_nccl() const {
+  return options_.nccl_device >= 0 || options_.nccl_channel_for_testing != nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<PayloadChannel>> TeacherService::JoinNccl(
+    absl::string_view unique_id, PayloadChannelOptions options) const {
+  if (options_.nccl_channel_for_testing) {
+    return options_.nccl_channel_for_testing(unique_id, std::move(options));
+  }
+#if SPECSTREAM_WITH_NCCL
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclChannel> channel,
+                   NcclChannel::Join(unique_id, std::move(options)));
+  return std::unique_ptr<PayloadChannel>(std::move(channel));
+#else
+  return absl::UnimplementedError("this teacher was built without NCCL");
+#endif
+}
 
 uint64_t TeacherService::max_request_bytes() const {
   // A token id is a varint of at most 10 bytes (negative ids), plus one mask

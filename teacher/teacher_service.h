@@ -12,6 +12,10 @@
 //     capture into the payload (teacher/sample_tensors.h: the same tensors,
 //     names and dtypes as `dump` stores), computes the contract and hands the
 //     sample back to its stream.
+//   * Each TRANSPORT_NCCL stream has one NCCL thread: it joins the student's
+//     communicator (Opened is sent only then), queues each ready sample's
+//     header and sends its payload with NcclChannel::Send, which waits until
+//     the student has received it.
 //   * Each TRANSPORT_SHM stream has one ring thread: it copies payload chunks
 //     into the student's ring, waiting for space (the only blocking wait),
 //     and queues the chunks' locators for the reactor to send.
@@ -42,6 +46,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/payload_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "specstream/v1/teacher.grpc.pb.h"
 
@@ -75,6 +80,19 @@ struct TeacherServiceOptions {
   // the stream ends with DEADLINE_EXCEEDED. The wait ends early when the
   // stream ends (cancelled, failed, server shutdown).
   absl::Duration shm_space_timeout = absl::Seconds(60);
+  // The CUDA device that stages TRANSPORT_NCCL payloads; -1 (the default):
+  // NCCL is not offered. Needs a build with SPECSTREAM_WITH_NCCL and a
+  // visible device (InvalidArgument otherwise).
+  int nccl_device = -1;
+  // How long an NCCL stream waits for the student to join its communicator,
+  // and for one payload to be received; past it the stream ends
+  // (DEADLINE_EXCEEDED) and the student fails over.
+  absl::Duration nccl_timeout = absl::Seconds(60);
+  // Tests only: joins TRANSPORT_NCCL streams' channels instead of NCCL
+  // (tests/testing/loopback_channel.h), so the stream protocol runs without
+  // a GPU; when set, NCCL is offered whatever nccl_device says. Unset in
+  // production.
+  PayloadChannelJoin nccl_channel_for_testing;
   // Fault injection for tests only: called on the compute thread with each
   // sample's id and its packed payload after the contract (and CRC32C) was
   // computed; whatever it changes is sent, so a test can make the student's
@@ -118,6 +136,8 @@ class TeacherService final
   // message size limits from them.
   uint64_t max_message_bytes() const { return description_.max_message_bytes(); }
   uint64_t max_request_bytes() const;
+  // Whether Describe lists TRANSPORT_NCCL (an nccl_device, or a test channel).
+  bool offers_nccl() const;
 
   // --- Shutdown (any thread) ---
   // New streams end at once with UNAVAILABLE. Each open stream answers its
@@ -152,6 +172,10 @@ class TeacherService final
   void RemoveStream(Stream* stream);
   void CountSampleSent();
   void CountSampleError();
+  // Joins a TRANSPORT_NCCL stream's channel as rank 0 (NcclChannel, or the
+  // test channel).
+  absl::StatusOr<std::unique_ptr<PayloadChannel>> JoinNccl(absl::string_view unique_id,
+                                                           PayloadChannelOptions options) const;
 
   void ComputeLoop();
   // Runs `batch` through the runtime and hands each result to its stream.

@@ -24,9 +24,13 @@
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
 #include "teacher/teacher_service.h"
+#include "tests/testing/loopback_channel.h"
 #include "tests/testing/rank_threads.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
+#if SPECSTREAM_WITH_NCCL
+#include "common/nccl_util.h"
+#endif
 
 extern char** environ;
 
@@ -76,10 +80,15 @@ class OnlineTest : public ::testing::Test {
     std::unique_ptr<teacher::HfRuntime> runtime;
     std::unique_ptr<teacher::TeacherServer> server;
   };
-  static Teacher StartTeacher(std::function<void(int64_t, std::string&)> corrupt = nullptr) {
+  // `nccl_device` >= 0 offers NCCL on that device; `test_channel` offers it
+  // over an in-process channel instead (tests/testing/loopback_channel.h).
+  static Teacher StartTeacher(std::function<void(int64_t, std::string&)> corrupt = nullptr,
+                              int nccl_device = -1, PayloadChannelJoin test_channel = nullptr) {
     Teacher t;
     t.runtime = Runtime();
     teacher::TeacherServerOptions options;
+    options.service.nccl_device = nccl_device;
+    options.service.nccl_channel_for_testing = std::move(test_channel);
     options.service.payload_dtype = "float32";
     options.service.keep_target_ids = true;
     options.service.max_batch_tokens = 1;
@@ -223,6 +232,141 @@ TEST_F(OnlineTest, CorruptedPayloadIsDetectedAndRefetched) {
   ASSERT_TRUE(offline.ok());
   ASSERT_TRUE((*offline)->RunSteps(6).ok());
   ExpectSameTraining(**online, **offline);
+}
+
+// A student that insists on NCCL with a teacher that cannot serve it is
+// refused at Create, naming data.transport and why; "auto" takes what the
+// pair shares.
+TEST_F(OnlineTest, NcclWithoutADeviceIsRefusedNamingTheField) {
+  Teacher teacher = StartTeacher();
+  ASSERT_NE(teacher.server, nullptr);
+  auto nccl = Trainer::Create(Online({teacher.server->address()}, "nccl"), 0, 1, {});
+  ASSERT_FALSE(nccl.ok());
+  EXPECT_EQ(nccl.status().code(), absl::StatusCode::kFailedPrecondition) << nccl.status();
+  EXPECT_NE(nccl.status().message().find("data.transport nccl: "), std::string::npos)
+      << nccl.status();
+#if SPECSTREAM_WITH_NCCL
+  EXPECT_NE(nccl.status().message().find("does not offer NCCL"), std::string::npos)
+      << nccl.status();
+#else
+  EXPECT_NE(nccl.status().message().find("built without NCCL"), std::string::npos) << nccl.status();
+#endif
+  auto bogus = Trainer::Create(Online({teacher.server->address()}, "rdma"), 0, 1, {});
+  ASSERT_FALSE(bogus.ok());
+  EXPECT_NE(bogus.status().message().find("is not auto, inline, shm or nccl"), std::string::npos)
+      << bogus.status();
+}
+
+// The TRANSPORT_NCCL stream protocol on any machine, over the in-process
+// test channel instead of NCCL: the teacher answers Opened only after both
+// ranks joined, headers come on the stream and payloads out of band, and
+// online training equals offline bit for bit. A payload corrupted before the
+// send fails its CRC32C on the student and is fetched again.
+TEST_F(OnlineTest, NcclStreamProtocolTrainsLikeOfflineOverATestChannel) {
+  auto offline = Trainer::Create(Offline(), 0, 1, {});
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  ASSERT_TRUE((*offline)->RunSteps(12).ok());
+  const PayloadChannelFactory channel = specstream::testing::LoopbackChannelFactory();
+  std::atomic<int> corrupted{0};
+  Teacher teacher = StartTeacher(
+      [&](int64_t sample_id, std::string& payload) {
+        if (sample_id == 5 && corrupted.fetch_add(1) == 0) payload[payload.size() / 2] ^= 0x5a;
+      },
+      /*nccl_device=*/-1, channel.join);
+  ASSERT_NE(teacher.server, nullptr);
+  TrainerConfig c = Online({teacher.server->address()}, "nccl");
+  c.nccl_channel_for_testing = channel;
+  auto online = Trainer::Create(c, 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(12).ok());
+  ExpectSameTraining(**online, **offline);
+  EXPECT_GE(corrupted.load(), 2);  // the bad copy and at least one good one
+  auto* source = dynamic_cast<OnlineSource*>(&(*online)->source());
+  ASSERT_NE(source, nullptr);
+  EXPECT_GE(source->refetches(), 1);
+  std::cout << "nccl protocol (test channel): online == offline over 12 steps, "
+            << source->refetches() << " refetch(es)\n";
+}
+
+// A channel that breaks mid-payload ends that teacher's stream; its samples
+// fail over to the other teacher and training is unaffected.
+TEST_F(OnlineTest, BrokenNcclChannelFailsOverToTheOtherTeacher) {
+  TrainerConfig o = Offline();
+  o.max_steps = 6;
+  auto offline = Trainer::Create(o, 0, 1, {});
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  ASSERT_TRUE((*offline)->RunSteps(6).ok());
+  auto faults = std::make_shared<specstream::testing::LoopbackFaults>();
+  faults->break_after_pieces = 5;  // a few samples in, mid-payload
+  const PayloadChannelFactory breaking = specstream::testing::LoopbackChannelFactory(faults);
+  const PayloadChannelFactory healthy = specstream::testing::LoopbackChannelFactory();
+  Teacher a = StartTeacher(nullptr, -1, breaking.join);
+  Teacher b = StartTeacher(nullptr, -1, healthy.join);
+  ASSERT_NE(a.server, nullptr);
+  ASSERT_NE(b.server, nullptr);
+  TrainerConfig c = Online({a.server->address(), b.server->address()}, "nccl");
+  c.max_steps = 6;                       // one epoch
+  c.nccl_channel_for_testing = healthy;  // the student's side never breaks by itself
+  c.ledger_dir = dir_->Join("ledger-nccl-failover");
+  auto online = Trainer::Create(c, 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(6).ok());
+  ExpectSameTraining(**online, **offline);
+  auto* source = dynamic_cast<OnlineSource*>(&(*online)->source());
+  ASSERT_NE(source, nullptr);
+  EXPECT_GE(source->refetches(), 1);
+  EXPECT_GT(faults->pieces_sent.load(), 5);
+  // Every sample of the epoch trained exactly once.
+  std::map<int64_t, int> trained;
+  std::ifstream ledger(c.ledger_dir + "/ledger-rank0.jsonl");
+  for (std::string line; std::getline(ledger, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    for (int64_t id : record["sample_ids"]) ++trained[id];
+  }
+  EXPECT_EQ(trained.size(), static_cast<size_t>(kSamples));
+  for (const auto& [id, count] : trained) EXPECT_EQ(count, 1) << "sample " << id;
+}
+
+// Payloads over NCCL (GPU builds with a device): online training equals
+// offline bit for bit, and a payload corrupted before the send fails its
+// CRC32C on the student and is fetched again. Both ranks live in this
+// process, so they need two devices, or NCCL >= 2.30 with
+// NCCL_MULTI_RANK_GPU_ENABLE to share one (older NCCL refuses two ranks of
+// one communicator on one device; tests/unit/common/nccl_channel_test runs
+// the pair as two processes instead).
+TEST_F(OnlineTest, NcclPayloadsTrainLikeOfflineAndCorruptionIsRefetched) {
+#if !SPECSTREAM_WITH_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  const int devices = CudaDeviceCount();
+  if (devices == 0) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<int> version = NcclVersion();
+  ASSERT_TRUE(version.ok());
+  if (devices < 2 && *version < 23000) {
+    GTEST_SKIP() << "one CUDA device and NCCL " << *version
+                 << " (< 2.30): two in-process ranks cannot share it";
+  }
+  setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 0);
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  auto offline = Trainer::Create(Offline(), 0, 1, {});
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  ASSERT_TRUE((*offline)->RunSteps(12).ok());
+  std::atomic<int> corrupted{0};
+  Teacher teacher = StartTeacher(
+      [&](int64_t sample_id, std::string& payload) {
+        if (sample_id == 5 && corrupted.fetch_add(1) == 0) payload[payload.size() / 2] ^= 0x5a;
+      },
+      /*nccl_device=*/devices - 1);  // the student (rank 0) takes device 0
+  ASSERT_NE(teacher.server, nullptr);
+  auto online = Trainer::Create(Online({teacher.server->address()}, "nccl"), 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(12).ok());
+  ExpectSameTraining(**online, **offline);
+  EXPECT_GE(corrupted.load(), 2);  // the bad copy and at least one good one
+  auto* source = dynamic_cast<OnlineSource*>(&(*online)->source());
+  ASSERT_NE(source, nullptr);
+  EXPECT_GE(source->refetches(), 1);
+#endif
 }
 
 // Eight students stream every sample from one teacher at once; each gets

@@ -24,8 +24,12 @@
 #include "gtest/gtest.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
+#include "tests/testing/loopback_channel.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
+#if SPECSTREAM_WITH_NCCL
+#include "common/nccl_util.h"
+#endif
 
 namespace specstream::teacher {
 namespace {
@@ -439,6 +443,105 @@ TEST_F(TeacherServiceTest, DescribeReportsTheModelAndTheTransports) {
   EXPECT_GE(d.max_message_bytes(), static_cast<int64_t>((1 << 20) + kMaxChunkHeaderBytes));
 }
 
+// An NCCL device is checked when the server starts and then advertised.
+TEST_F(TeacherServiceTest, NcclDeviceIsCheckedAndAdvertised) {
+  Store("bfloat16");
+  TeacherServerOptions server_options;
+#if SPECSTREAM_WITH_NCCL
+  const int devices = CudaDeviceCount();
+  server_options.service.nccl_device = devices;  // one past the last
+  auto refused = TeacherServer::Start(*recording_, server_options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find(absl::StrCat("nccl_device: CUDA device ", devices)),
+            std::string::npos)
+      << refused.status();
+  if (devices == 0) return;
+  server_options.service.nccl_device = 0;
+  auto server = TeacherServer::Start(*recording_, server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto& transports = (*server)->service().description().transports();
+  EXPECT_EQ(transports.Get(transports.size() - 1), v1::TRANSPORT_NCCL);
+#else
+  server_options.service.nccl_device = 0;
+  auto refused = TeacherServer::Start(*recording_, server_options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("nccl_device: this teacher was built without NCCL"),
+            std::string::npos)
+      << refused.status();
+#endif
+}
+
+// TRANSPORT_NCCL's Open (over the in-process test channel, so without a
+// GPU): the id is checked, Opened comes only after the student joined, and
+// nothing (not even a SampleError) is written before it; a student that
+// never joins ends the stream after nccl_timeout.
+TEST_F(TeacherServiceTest, NcclOpenAnswersOnlyAfterTheJoin) {
+  const PayloadChannelFactory channel = specstream::testing::LoopbackChannelFactory();
+  TeacherServiceOptions options = Options();
+  options.nccl_channel_for_testing = channel.join;
+  options.nccl_timeout = absl::Seconds(1);
+  StartServer(options);
+  EXPECT_EQ(server_->service().description().transports(2), v1::TRANSPORT_NCCL);
+  auto open_nccl = [&](TestStream& stream, const std::string& id) {
+    StreamRequest request;
+    request.mutable_open()->set_transport(v1::TRANSPORT_NCCL);
+    request.mutable_open()->set_nccl_unique_id(id);
+    stream.Write(request);
+    StreamRequest bad;  // answered with a SampleError, after Opened
+    bad.mutable_sample()->set_request_id(7);
+    bad.mutable_sample()->add_token_ids(kVocab + 5);
+    stream.Write(bad);
+    stream.StartReading();
+  };
+  {
+    TestStream stream(stub_.get());
+    open_nccl(stream, "short");
+    const grpc::Status status = stream.AwaitEnd();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(status.error_message().find("open.nccl_unique_id: 5 bytes"), std::string::npos)
+        << status.error_message();
+  }
+  {  // nobody joins
+    TestStream stream(stub_.get());
+    absl::StatusOr<std::string> id = channel.new_id();
+    ASSERT_TRUE(id.ok());
+    const absl::Time start = absl::Now();
+    open_nccl(stream, *id);
+    const grpc::Status status = stream.AwaitEnd();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+    EXPECT_NE(status.error_message().find("open.nccl_unique_id"), std::string::npos)
+        << status.error_message();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+    const StreamState state = stream.state();
+    EXPECT_FALSE(state.opened.has_value());
+    EXPECT_TRUE(state.errors.empty());
+  }
+  {  // the student joins late: Opened, then the SampleError
+    TestStream stream(stub_.get());
+    absl::StatusOr<std::string> id = channel.new_id();
+    ASSERT_TRUE(id.ok());
+    open_nccl(stream, *id);
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_FALSE(stream.state().opened.has_value());
+    PayloadChannelOptions student;
+    student.rank = 1;
+    student.timeout = absl::Seconds(10);
+    auto joined = channel.join(*id, student);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    ASSERT_TRUE(stream.Await([](const StreamState& s) { return !s.errors.empty() || s.ended; }));
+    const StreamState state = stream.state();
+    ASSERT_TRUE(state.opened.has_value())
+        << "ended: " << state.ended << ", errors: " << state.errors.size()
+        << ", protocol: " << state.protocol_error;
+    EXPECT_EQ(state.opened->transport(), v1::TRANSPORT_NCCL);
+    EXPECT_TRUE(state.protocol_error.empty()) << state.protocol_error;
+    ASSERT_EQ(state.errors.count(7), 1u);
+    EXPECT_EQ(state.errors.at(7).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_TRUE(stream.Finish().ok());
+  }
+}
+
 class TeacherServicePayloadTest : public TeacherServiceTest,
                                   public ::testing::WithParamInterface<std::string> {};
 
@@ -586,36 +689,42 @@ TEST_F(TeacherServiceTest, BadOpensEndTheStreamWithTheirReasons) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {[](TestStream& s) { s.Credit(1); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "the first StreamRequest must be Open"},
-      {[](TestStream& s) { s.Request(1, 0); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "the first StreamRequest must be Open"},
-      {[](TestStream& s) { s.Open(v1::TRANSPORT_NCCL); }, grpc::StatusCode::UNIMPLEMENTED,
-       "needs a CUDA build of LibTorch"},
-      {[](TestStream& s) { s.Open(v1::TRANSPORT_UNSPECIFIED); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "open.transport: TRANSPORT_UNSPECIFIED"},
-      {[](TestStream& s) { s.Open(v1::TRANSPORT_INLINE, 0, v1::DTYPE_F32); },
-       grpc::StatusCode::FAILED_PRECONDITION,
-       "open.contract_dtype: the student expects DTYPE_F32, this teacher sends DTYPE_BF16"},
-      {[](TestStream& s) { s.Open(v1::TRANSPORT_SHM); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "open.shm_name: empty"},
-      {[](TestStream& s) {
-         StreamRequest request;
-         request.mutable_open()->set_transport(v1::TRANSPORT_SHM);
-         request.mutable_open()->set_shm_name("/specstream-test-no-such-ring");
-         s.Write(request);
-       },
-       grpc::StatusCode::NOT_FOUND, "open.shm_name \"/specstream-test-no-such-ring\""},
-      {[](TestStream& s) {
-         s.Open(v1::TRANSPORT_INLINE);
-         s.Open(v1::TRANSPORT_INLINE);
-       },
-       grpc::StatusCode::INVALID_ARGUMENT, "open: sent twice"},
-      {[](TestStream& s) {
-         s.Open(v1::TRANSPORT_INLINE);
-         s.Credit(0);
-       },
-       grpc::StatusCode::INVALID_ARGUMENT, "credit.n: must be > 0"},
+    {[](TestStream& s) { s.Credit(1); }, grpc::StatusCode::INVALID_ARGUMENT,
+     "the first StreamRequest must be Open"},
+    {[](TestStream& s) { s.Request(1, 0); }, grpc::StatusCode::INVALID_ARGUMENT,
+     "the first StreamRequest must be Open"},
+#if SPECSTREAM_WITH_NCCL
+    // Options() offers no NCCL device.
+    {[](TestStream& s) { s.Open(v1::TRANSPORT_NCCL); }, grpc::StatusCode::FAILED_PRECONDITION,
+     "open.transport: TRANSPORT_NCCL: this teacher has no CUDA device for NCCL"},
+#else
+    {[](TestStream& s) { s.Open(v1::TRANSPORT_NCCL); }, grpc::StatusCode::UNIMPLEMENTED,
+     "open.transport: TRANSPORT_NCCL: this teacher was built without NCCL"},
+#endif
+    {[](TestStream& s) { s.Open(v1::TRANSPORT_UNSPECIFIED); }, grpc::StatusCode::INVALID_ARGUMENT,
+     "open.transport: TRANSPORT_UNSPECIFIED"},
+    {[](TestStream& s) { s.Open(v1::TRANSPORT_INLINE, 0, v1::DTYPE_F32); },
+     grpc::StatusCode::FAILED_PRECONDITION,
+     "open.contract_dtype: the student expects DTYPE_F32, this teacher sends DTYPE_BF16"},
+    {[](TestStream& s) { s.Open(v1::TRANSPORT_SHM); }, grpc::StatusCode::INVALID_ARGUMENT,
+     "open.shm_name: empty"},
+    {[](TestStream& s) {
+       StreamRequest request;
+       request.mutable_open()->set_transport(v1::TRANSPORT_SHM);
+       request.mutable_open()->set_shm_name("/specstream-test-no-such-ring");
+       s.Write(request);
+     },
+     grpc::StatusCode::NOT_FOUND, "open.shm_name \"/specstream-test-no-such-ring\""},
+    {[](TestStream& s) {
+       s.Open(v1::TRANSPORT_INLINE);
+       s.Open(v1::TRANSPORT_INLINE);
+     },
+     grpc::StatusCode::INVALID_ARGUMENT, "open: sent twice"},
+    {[](TestStream& s) {
+       s.Open(v1::TRANSPORT_INLINE);
+       s.Credit(0);
+     },
+     grpc::StatusCode::INVALID_ARGUMENT, "credit.n: must be > 0"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     TestStream stream(stub_.get());

@@ -1,0 +1,70 @@
+// An out-of-band payload channel between one teacher stream (rank 0, the
+// sender) and one student stream (rank 1, the receiver): what
+// TRANSPORT_NCCL streams use for payload bytes while the gRPC stream carries
+// Open/Opened, headers and acks. NcclChannel (common/nccl_channel.h) is the
+// implementation; tests substitute an in-process one
+// (tests/testing/loopback_channel.h) to run the stream protocol on machines
+// without a GPU. Header-only, LibTorch- and CUDA-free.
+//
+// Contract of every implementation:
+//   * Join(id, options) returns once both ranks have joined the channel named
+//     by `id`, or fails: DeadlineExceeded past options.timeout, Cancelled once
+//     options.stopped() says so.
+//   * Send (rank 0) and Recv (rank 1) move one payload each, in the same
+//     order on both sides; Send returns once the receiver has every byte,
+//     Recv is told the exact size (from the header already read).
+//   * A failed Send/Recv breaks the channel; later calls return the error.
+#ifndef SPECSTREAM_COMMON_PAYLOAD_CHANNEL_H_
+#define SPECSTREAM_COMMON_PAYLOAD_CHANNEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace specstream {
+
+// Size of a channel id (an ncclUniqueId: NCCL_UNIQUE_ID_BYTES).
+inline constexpr size_t kPayloadChannelIdBytes = 128;
+
+struct PayloadChannelOptions {
+  // 0: the teacher (sends payloads); 1: the student (receives them).
+  int rank = 0;
+  // The CUDA device that holds this side's buffers (NCCL).
+  int device = 0;
+  // How long Join waits for the peer, and how long one Send or Recv may take.
+  absl::Duration timeout = absl::Seconds(60);
+  // Polled while waiting; true ends the wait with Cancelled. Unset: never.
+  std::function<bool()> stopped;
+};
+
+class PayloadChannel {
+ public:
+  virtual ~PayloadChannel() = default;
+  // Rank 0: sends one payload of `size` bytes; `fill(offset, n, dest)`
+  // writes bytes [offset, offset + n) into `dest`, in offset order.
+  virtual absl::Status Send(
+      uint64_t size, const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill) = 0;
+  // Rank 1: receives one payload of exactly `size` bytes into `dest`.
+  virtual absl::Status Recv(char* dest, uint64_t size) = 0;
+  // The timeout of later Send/Recv calls (> 0).
+  virtual void set_timeout(absl::Duration timeout) = 0;
+};
+
+using PayloadChannelJoin = std::function<absl::StatusOr<std::unique_ptr<PayloadChannel>>(
+    absl::string_view id, PayloadChannelOptions options)>;
+
+// How a student makes channels: a fresh id to send in Open, and its join.
+struct PayloadChannelFactory {
+  std::function<absl::StatusOr<std::string>()> new_id;
+  PayloadChannelJoin join;
+};
+
+}  // namespace specstream
+
+#endif  // SPECSTREAM_COMMON_PAYLOAD_CHANNEL_H_
