@@ -209,6 +209,8 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   if (serve.shutdown_timeout_s < 0) {
     return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
   }
+  ASSIGN_OR_RETURN(const int nccl_device, NcclDeviceFlag(serve.nccl_device));
+  if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
   // Handlers first, so a signal that arrives while the model loads still
   // ends in an orderly shutdown once it has loaded.
   RETURN_IF_ERROR(InstallShutdownSignals());
@@ -222,8 +224,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   options.service.max_tokens = serve.max_tokens;
   options.service.max_batch_tokens = serve.batch_tokens;
   options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
-  ASSIGN_OR_RETURN(options.service.nccl_device, NcclDeviceFlag(serve.nccl_device));
-  if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
+  options.service.nccl_device = nccl_device;
   options.service.nccl_timeout = absl::Seconds(serve.nccl_timeout_s);
   services::JobTokenSet job_tokens;
   std::unique_ptr<services::Registration> registration;

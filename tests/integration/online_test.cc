@@ -327,48 +327,6 @@ TEST_F(OnlineTest, BrokenNcclChannelFailsOverToTheOtherTeacher) {
   for (const auto& [id, count] : trained) EXPECT_EQ(count, 1) << "sample " << id;
 }
 
-// Payloads over NCCL (GPU builds with a device): online training equals
-// offline bit for bit, and a payload corrupted before the send fails its
-// CRC32C on the student and is fetched again. Both ranks live in this
-// process, so they need two devices, or NCCL >= 2.30 with
-// NCCL_MULTI_RANK_GPU_ENABLE to share one (older NCCL refuses two ranks of
-// one communicator on one device; tests/unit/common/nccl_channel_test runs
-// the pair as two processes instead).
-TEST_F(OnlineTest, NcclPayloadsTrainLikeOfflineAndCorruptionIsRefetched) {
-#if !SPECSTREAM_WITH_NCCL
-  GTEST_SKIP() << "built without NCCL";
-#else
-  const int devices = CudaDeviceCount();
-  if (devices == 0) GTEST_SKIP() << "no CUDA device";
-  absl::StatusOr<int> version = NcclVersion();
-  ASSERT_TRUE(version.ok());
-  if (devices < 2 && *version < 23000) {
-    GTEST_SKIP() << "one CUDA device and NCCL " << *version
-                 << " (< 2.30): two in-process ranks cannot share it";
-  }
-  setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 0);
-  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  auto offline = Trainer::Create(Offline(), 0, 1, {});
-  ASSERT_TRUE(offline.ok()) << offline.status();
-  ASSERT_TRUE((*offline)->RunSteps(12).ok());
-  std::atomic<int> corrupted{0};
-  Teacher teacher = StartTeacher(
-      [&](int64_t sample_id, std::string& payload) {
-        if (sample_id == 5 && corrupted.fetch_add(1) == 0) payload[payload.size() / 2] ^= 0x5a;
-      },
-      /*nccl_device=*/devices - 1);  // the student (rank 0) takes device 0
-  ASSERT_NE(teacher.server, nullptr);
-  auto online = Trainer::Create(Online({teacher.server->address()}, "nccl"), 0, 1, {});
-  ASSERT_TRUE(online.ok()) << online.status();
-  ASSERT_TRUE((*online)->RunSteps(12).ok());
-  ExpectSameTraining(**online, **offline);
-  EXPECT_GE(corrupted.load(), 2);  // the bad copy and at least one good one
-  auto* source = dynamic_cast<OnlineSource*>(&(*online)->source());
-  ASSERT_NE(source, nullptr);
-  EXPECT_GE(source->refetches(), 1);
-#endif
-}
-
 // Eight students stream every sample from one teacher at once; each gets
 // the stored bytes.
 TEST_F(OnlineTest, EightConcurrentStudentsAllFinish) {
@@ -508,4 +466,59 @@ TEST_F(OnlineTest, KilledTeacherMidEpochEverySampleTrainedExactlyOnce) {
 }
 
 }  // namespace
+// Payloads over real NCCL (GPU builds with a CUDA device): a `specstream-
+// teacher serve --nccl-device` process and this student train exactly as
+// from the store. Each side is its own process and claims its own NCCL host
+// (NCCL_HOSTID), so one device serves both ranks (NCCL before 2.30 refuses
+// two ranks of one communicator on one device within a host); with two
+// devices the teacher takes the last. Skips without a device.
+TEST_F(OnlineTest, NcclPayloadsFromATeacherProcessTrainLikeOffline) {
+#if !SPECSTREAM_WITH_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  const int devices = CudaDeviceCount();
+  if (devices == 0) GTEST_SKIP() << "no CUDA device";
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  setenv("NCCL_HOSTID", "specstream-online-test-teacher", 1);
+  const std::string port_file = dir_->Join("teacher-nccl.port");
+  std::filesystem::remove(port_file);
+  const pid_t pid = Spawn({SPECSTREAM_TEACHER_PATH,
+                           "serve",
+                           "--model",
+                           dir_->Join("target"),
+                           "--runtime",
+                           "hf",
+                           "--devices",
+                           "cpu",
+                           "--port",
+                           "0",
+                           "--dtype",
+                           "float32",
+                           "--payload-dtype",
+                           "float32",
+                           "--keep-target-ids",
+                           "--batch-tokens",
+                           "1",
+                           "--nccl-device",
+                           std::to_string(devices - 1),
+                           "--port-file",
+                           port_file});
+  setenv("NCCL_HOSTID", "specstream-online-test-student", 1);  // before this process's NCCL
+  const std::string address = WaitForPortFile(port_file);
+  ASSERT_FALSE(address.empty()) << "the teacher did not start";
+  auto offline = Trainer::Create(Offline(), 0, 1, {});
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  ASSERT_TRUE((*offline)->RunSteps(12).ok());
+  auto online = Trainer::Create(Online({address}, "nccl"), 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(12).ok());
+  ExpectSameTraining(**online, **offline);
+  online->reset();
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+#endif
+}
+
 }  // namespace specstream::student

@@ -126,6 +126,17 @@ TEST_F(TeacherCliTest, ImpossibleLayoutsAndBadInputFailFastWithReasons) {
                 dir_.Join("x")),
             2);
   EXPECT_NE(Stderr().find("--arch"), std::string::npos) << Stderr();
+  // serve's NCCL device: a word it does not know, and (on a machine without
+  // that many CUDA devices, or a build without NCCL) a device it cannot use.
+  const std::string serve = "serve --model " + dir_.Join("model") + " --port 0 ";
+  EXPECT_EQ(Run(serve + "--nccl-device gpu"), 2);
+  EXPECT_NE(Stderr().find("--nccl-device: \"gpu\" is not auto, none or a device index"),
+            std::string::npos)
+      << Stderr();
+  EXPECT_EQ(Run(serve + "--nccl-device 64"), 2);
+  EXPECT_NE(Stderr().find("nccl_device: "), std::string::npos) << Stderr();
+  EXPECT_EQ(Run(serve + "--nccl-timeout 0"), 2);
+  EXPECT_NE(Stderr().find("--nccl-timeout must be > 0"), std::string::npos) << Stderr();
 }
 
 // A MoE target through the CLI: `--tp 2 --ep 2` (experts split over two
