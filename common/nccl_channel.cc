@@ -274,4 +274,11 @@ absl::Status NcclChannel::RecvPieces(char* dest, uint64_t size) {
   return copy_out(pieces - 1);
 }
 
+absl::StatusOr<std::unique_ptr<PayloadChannel>> JoinNcclChannel(absl::string_view unique_id,
+                                                                PayloadChannelOptions options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclChannel> channel,
+                   NcclChannel::Join(unique_id, std::move(options)));
+  return std::unique_ptr<PayloadChannel>(std::move(channel));
+}
+
 }  // namespace specstream

@@ -88,6 +88,11 @@ class NcclChannel final : public PayloadChannel {
   std::unique_ptr<State> state_;
 };
 
+// NcclChannel::Join as a PayloadChannelJoin (what the teacher service and
+// the student's online source use when no test channel is set).
+absl::StatusOr<std::unique_ptr<PayloadChannel>> JoinNcclChannel(absl::string_view unique_id,
+                                                                PayloadChannelOptions options);
+
 }  // namespace specstream
 
 #endif  // SPECSTREAM_COMMON_NCCL_CHANNEL_H_

@@ -564,9 +564,7 @@ class OnlineSource::Impl {
       return options_.nccl_channel_for_testing.join(unique_id, std::move(options));
     }
 #if SPECSTREAM_WITH_NCCL
-    ASSIGN_OR_RETURN(std::unique_ptr<NcclChannel> channel,
-                     NcclChannel::Join(unique_id, std::move(options)));
-    return std::unique_ptr<PayloadChannel>(std::move(channel));
+    return JoinNcclChannel(unique_id, std::move(options));
 #else
     return absl::UnimplementedError("this student was built without NCCL");
 #endif

@@ -881,9 +881,7 @@ absl::StatusOr<std::unique_ptr<PayloadChannel>> TeacherService::JoinNccl(
     return options_.nccl_channel_for_testing(unique_id, std::move(options));
   }
 #if SPECSTREAM_WITH_NCCL
-  ASSIGN_OR_RETURN(std::unique_ptr<NcclChannel> channel,
-                   NcclChannel::Join(unique_id, std::move(options)));
-  return std::unique_ptr<PayloadChannel>(std::move(channel));
+  return JoinNcclChannel(unique_id, std::move(options));
 #else
   return absl::UnimplementedError("this teacher was built without NCCL");
 #endif
