@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,6 +32,25 @@ struct Slot {
   cudaEvent_t copied = nullptr;
   cudaEvent_t transferred = nullptr;
 };
+
+// Pinned and device piece buffers outlive their channels: freeing them
+// (cudaFree, cudaFreeHost) would synchronise the whole device and stall the
+// other streams' transfers, so a closed channel's buffers wait here for the
+// next channel on the same device. The pool holds at most what the most
+// concurrent streams ever used.
+struct BufferPool {
+  std::mutex mu;
+  std::map<int, std::vector<std::pair<char*, void*>>> free;  // device -> (host, device)
+};
+
+BufferPool& Pool() {
+  static auto* pool = new BufferPool;  // never destroyed: buffers live until exit
+  return *pool;
+}
+
+// How long closing a healthy channel may take to deliver what NCCL still
+// holds of completed sends before it aborts instead.
+constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
 
 }  // namespace
 
@@ -116,28 +139,70 @@ struct NcclChannel::State {
     RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&nccl_stream, cudaStreamNonBlocking));
     RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
     for (Slot& slot : slots) {
-      RETURN_IF_CUDA_ERROR(cudaMallocHost(reinterpret_cast<void**>(&slot.host), kPieceBytes));
-      RETURN_IF_CUDA_ERROR(cudaMalloc(&slot.device, kPieceBytes));
+      {
+        BufferPool& pool = Pool();
+        std::lock_guard<std::mutex> lock(pool.mu);
+        std::vector<std::pair<char*, void*>>& free = pool.free[options.device];
+        if (!free.empty()) {
+          std::tie(slot.host, slot.device) = free.back();
+          free.pop_back();
+        }
+      }
+      if (slot.host == nullptr) {
+        RETURN_IF_CUDA_ERROR(cudaMallocHost(reinterpret_cast<void**>(&slot.host), kPieceBytes));
+      }
+      if (slot.device == nullptr) RETURN_IF_CUDA_ERROR(cudaMalloc(&slot.device, kPieceBytes));
       RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
       RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&slot.transferred, cudaEventDisableTiming));
     }
     return absl::OkStatus();
   }
 
+  // Closes the communicator: a healthy one is finalized (NCCL delivers what
+  // it still holds of completed sends) and destroyed, a broken one or one
+  // that does not finalize in time is aborted. Then the buffers go back to
+  // the pool once this channel's streams are idle.
   void Release() {
     if (cudaSetDevice(options.device) != cudaSuccess) return;
     if (comm != nullptr) {
-      // A healthy channel has nothing in flight (every Send/Recv waited for
-      // its last piece), and abort, unlike finalize, needs nothing from a
-      // peer that may be gone already.
-      ncclCommAbort(comm);
+      bool finalized = false;
+      if (broken.ok()) {
+        const ncclResult_t started = ncclCommFinalize(comm);
+        const absl::Time deadline = absl::Now() + std::min(options.timeout, kFinalizeTimeout);
+        while (started == ncclSuccess || started == ncclInProgress) {
+          ncclResult_t state = ncclInProgress;
+          if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+          if (state == ncclSuccess) {
+            finalized = true;
+            break;
+          }
+          if (state != ncclInProgress || absl::Now() >= deadline) break;
+          absl::SleepFor(kPollInterval);
+        }
+      }
+      if (finalized) {
+        ncclCommDestroy(comm);
+      } else {
+        ncclCommAbort(comm);
+      }
       comm = nullptr;
     }
+    // NCCL has finished or aborted its kernels, so these waits are short.
+    if (nccl_stream != nullptr) cudaStreamSynchronize(nccl_stream);
+    if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
     for (Slot& slot : slots) {
       if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
       if (slot.transferred != nullptr) cudaEventDestroy(slot.transferred);
-      if (slot.device != nullptr) cudaFree(slot.device);
-      if (slot.host != nullptr) cudaFreeHost(slot.host);
+      if (slot.host != nullptr || slot.device != nullptr) {
+        BufferPool& pool = Pool();
+        std::lock_guard<std::mutex> lock(pool.mu);
+        if (slot.host != nullptr && slot.device != nullptr) {
+          pool.free[options.device].emplace_back(slot.host, slot.device);
+        } else {  // half-allocated: free what there is
+          if (slot.host != nullptr) cudaFreeHost(slot.host);
+          if (slot.device != nullptr) cudaFree(slot.device);
+        }
+      }
       slot = Slot{};
     }
     if (nccl_stream != nullptr) cudaStreamDestroy(nccl_stream);

@@ -24,6 +24,11 @@
 // abort the communicator (ncclCommAbort) so nothing hangs; the channel is
 // then broken and every later call returns the first error.
 //
+// Close: destroying a healthy channel finalizes the communicator, so bytes
+// NCCL still holds of completed sends reach the peer (at most 10 s, then it
+// aborts). The piece buffers go to a per-device pool for the next channel
+// rather than being freed (cudaFree would synchronise the whole device).
+//
 // Thread-safety: one thread at a time (the stream's payload thread).
 #ifndef SPECSTREAM_COMMON_NCCL_CHANNEL_H_
 #define SPECSTREAM_COMMON_NCCL_CHANNEL_H_
@@ -55,15 +60,16 @@ class NcclChannel final : public PayloadChannel {
   // within the timeout, Cancelled when `stopped` says so.
   static absl::StatusOr<std::unique_ptr<NcclChannel>> Join(absl::string_view unique_id,
                                                            NcclChannelOptions options);
-  // Destroys the communicator (aborts it when broken) and frees the buffers.
+  // Closes the communicator (see Close above).
   ~NcclChannel() override;
   NcclChannel(const NcclChannel&) = delete;
   NcclChannel& operator=(const NcclChannel&) = delete;
 
   // Rank 0 only: sends one payload of `size` bytes. `fill(offset, n, dest)`
   // writes payload bytes [offset, offset + n) into `dest` (host memory, n <=
-  // kPieceBytes); it is called in offset order. Returns once the peer has
-  // received every piece.
+  // kPieceBytes); it is called in offset order. Returns once NCCL has taken
+  // every piece (the peer has posted every receive; the last bytes may still
+  // be on the wire until the channel is closed).
   absl::Status Send(
       uint64_t size,
       const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill) override;

@@ -11,8 +11,9 @@
 //     by `id`, or fails: DeadlineExceeded past options.timeout, Cancelled once
 //     options.stopped() says so.
 //   * Send (rank 0) and Recv (rank 1) move one payload each, in the same
-//     order on both sides; Send returns once the receiver has every byte,
-//     Recv is told the exact size (from the header already read).
+//     order on both sides; Send returns once the channel has taken every
+//     byte, Recv is told the exact size (from the header already read).
+//   * Destroying a healthy channel delivers what it still holds.
 //   * A failed Send/Recv breaks the channel; later calls return the error.
 #ifndef SPECSTREAM_COMMON_PAYLOAD_CHANNEL_H_
 #define SPECSTREAM_COMMON_PAYLOAD_CHANNEL_H_

@@ -14,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -94,6 +95,9 @@ class OnlineSource::Impl {
 
     const std::string& address() const { return address_; }
     bool alive() const { return alive_; }
+    // True while the NCCL receiver owes this request's payload (its header
+    // came): a lost stream does not fail it over. Called under mu_.
+    bool Owes(uint64_t request_id) const { return nccl_owed_.contains(request_id); }
 
     // Grants more credits so that at least `credits` are outstanding in
     // total. Called under mu_.
@@ -189,7 +193,10 @@ class OnlineSource::Impl {
       {
         std::lock_guard<std::mutex> lock(owner_->mu_);
         alive_ = false;
-        nccl_stop_ = true;
+        // The NCCL receiver still takes the payloads whose headers came (a
+        // draining teacher sends them before it ends the stream); the rest
+        // of this stream's requests fail over now.
+        call_done_ = true;
         nccl_cv_.notify_all();
         const absl::Status why =
             status.ok()
@@ -229,9 +236,12 @@ class OnlineSource::Impl {
 
     void OnHeader(const v1::StreamResponse::SampleHeader& header) {
       if (absl::Status s = ValidateContract(header.contract()); !s.ok()) {
-        return owner_->Failed(header.request_id(),
-                              absl::DataLossError(absl::StrCat("teacher ", address_,
-                                                               ": bad contract: ", s.message())));
+        const absl::Status why = absl::DataLossError(
+            absl::StrCat("teacher ", address_, ": bad contract: ", s.message()));
+        // Over NCCL the payload comes anyway: skipping its receive would pair
+        // the next header with this payload, so the whole stream fails over.
+        if (transport_ == v1::TRANSPORT_NCCL) return Break(why);
+        return owner_->Failed(header.request_id(), why);
       }
       Incoming in;
       in.contract = header.contract();
@@ -241,6 +251,7 @@ class OnlineSource::Impl {
       if (transport_ == v1::TRANSPORT_NCCL) {
         // The buffer is sized from the checked contract; the receiver thread
         // posts the receive for exactly its bytes.
+        nccl_owed_.insert(header.request_id());
         nccl_pending_.emplace_back(header.request_id(), std::move(in));
         nccl_cv_.notify_all();
         return;
@@ -285,9 +296,10 @@ class OnlineSource::Impl {
     }
 
     // The NCCL receiver thread: joins (rank 1) within connect_timeout, then
-    // receives pending payloads one by one, each within sample_timeout. A
-    // failure breaks the stream, so its samples fail over; the end of the
-    // call stops (and aborts) whatever it waits for.
+    // receives pending payloads one by one, each within sample_timeout,
+    // until the call is done and nothing is pending. A failure fails every
+    // owed request over and breaks the stream; destroying the stream stops
+    // (and aborts) whatever it waits for.
     void NcclReceiveLoop() {
       PayloadChannelOptions options;
       options.rank = 1;
@@ -302,8 +314,8 @@ class OnlineSource::Impl {
         std::pair<uint64_t, Incoming> next;
         {
           std::unique_lock<std::mutex> lock(owner_->mu_);
-          nccl_cv_.wait(lock, [&] { return nccl_stop_ || !nccl_pending_.empty(); });
-          if (nccl_stop_) return;
+          nccl_cv_.wait(lock, [&] { return nccl_stop_ || !nccl_pending_.empty() || call_done_; });
+          if (nccl_stop_ || nccl_pending_.empty()) return;
           next = std::move(nccl_pending_.front());
           nccl_pending_.pop_front();
         }
@@ -312,14 +324,23 @@ class OnlineSource::Impl {
         if (!received.ok()) return NcclFailed(received);
         std::lock_guard<std::mutex> lock(owner_->mu_);
         if (nccl_stop_) return;
+        nccl_owed_.erase(next.first);
         Complete(next.first, std::move(in));
       }
     }
 
+    // The channel failed: every owed request fails over (UNAVAILABLE, so it
+    // is re-requested elsewhere) and the stream ends.
     void NcclFailed(const absl::Status& why) {
       std::lock_guard<std::mutex> lock(owner_->mu_);
-      if (nccl_stop_) return;  // the call ended first; OnDone fails its samples over
-      Break(Annotate(why, "NCCL payload transport"));
+      if (nccl_stop_) return;  // the source is closing
+      const absl::Status lost = absl::UnavailableError(
+          absl::StrCat("teacher ", address_, ": NCCL payload transport: ", why.ToString()));
+      std::vector<uint64_t> owed(nccl_owed_.begin(), nccl_owed_.end());
+      nccl_owed_.clear();
+      nccl_pending_.clear();
+      for (uint64_t request_id : owed) owner_->Failed(request_id, lost);
+      if (!call_done_) Break(lost);
     }
 
     Impl* owner_;
@@ -339,6 +360,8 @@ class OnlineSource::Impl {
     std::thread nccl_thread_;
     std::condition_variable nccl_cv_;                         // with owner_->mu_
     std::deque<std::pair<uint64_t, Incoming>> nccl_pending_;  // headers read, payload not yet
+    absl::flat_hash_set<uint64_t> nccl_owed_;  // request ids in nccl_pending_ or being received
+    bool call_done_ = false;                   // OnDone ran (under owner_->mu_)
     std::atomic<bool> nccl_stop_{false};  // set under owner_->mu_ (for nccl_cv_), read anywhere
     bool alive_ = true;
     std::map<uint64_t, Incoming> incoming_;
@@ -476,10 +499,10 @@ class OnlineSource::Impl {
 
   // How payloads from the teacher at `address` travel (see
   // OnlineSourceOptions::transport): "auto" takes shared memory with a
-  // teacher on this host, NCCL with another host when both sides have a CUDA
-  // device and NCCL, inline otherwise; a ring or id that cannot be made falls
-  // back to inline with a warning. A forced transport the pair cannot use is
-  // FailedPrecondition naming data.transport.
+  // teacher on this host and inline otherwise (a ring that cannot be made
+  // falls back to inline with a warning); NCCL only when asked for, since a
+  // pair that cannot connect would lose the teacher. A forced transport the
+  // pair cannot use is FailedPrecondition naming data.transport.
   absl::StatusOr<StreamTransport> TransportFor(const std::string& address,
                                                const v1::DescribeResponse& teacher) {
     const std::string& mode = options_.transport;
@@ -517,9 +540,7 @@ class OnlineSource::Impl {
       shm.ring = *std::move(created);
       return shm;
     }
-    absl::StatusOr<StreamTransport> nccl = NcclTransport(address, offers(v1::TRANSPORT_NCCL));
-    if (nccl.ok() || mode == "nccl") return nccl;
-    SS_LOG_DEBUG("online: teacher {}: payloads go inline ({})", address, nccl.status().ToString());
+    if (mode == "nccl") return NcclTransport(address, offers(v1::TRANSPORT_NCCL));
     return inline_transport;
   }
 
@@ -546,12 +567,7 @@ class OnlineSource::Impl {
     if (devices == 0) {
       return absl::FailedPreconditionError("data.transport nccl: this student sees no CUDA device");
     }
-    nccl.nccl_device = options_.nccl_device >= 0 ? options_.nccl_device : options_.rank % devices;
-    if (nccl.nccl_device >= devices) {
-      return absl::FailedPreconditionError(absl::StrCat("data.transport nccl: CUDA device ",
-                                                        nccl.nccl_device, ", but ", devices,
-                                                        " are visible"));
-    }
+    nccl.nccl_device = options_.rank % devices;
     ASSIGN_OR_RETURN(nccl.nccl_unique_id, NewNcclUniqueId());
 #endif
     return nccl;
@@ -684,7 +700,10 @@ class OnlineSource::Impl {
   void StreamLost(Stream* stream) {
     std::vector<uint64_t> lost;
     for (const auto& [request_id, index] : requests_) {
-      if (slots_[index].stream == stream) lost.push_back(request_id);
+      // A payload the stream's NCCL receiver still takes is not lost.
+      if (slots_[index].stream == stream && !stream->Owes(request_id)) {
+        lost.push_back(request_id);
+      }
     }
     for (uint64_t request_id : lost) {
       Failed(request_id,

@@ -43,12 +43,10 @@ struct OnlineSourceOptions {
   int64_t in_flight = 8;              // samples outstanding per teacher stream (credits)
   std::string ledger;                 // ledger file (JSONL, appended); empty: none
   // Payload transport: "auto" (shared memory with a teacher on this host —
-  // same hostname and boot id —, NCCL with a teacher elsewhere when both
-  // sides have a CUDA device and NCCL, inline otherwise), "inline", "shm" or
-  // "nccl".
+  // same hostname and boot id —, inline otherwise), "inline", "shm" or
+  // "nccl" (a build with NCCL and a CUDA device on both sides; the student
+  // receives on device rank % visible devices).
   std::string transport = "auto";
-  // The CUDA device that receives NCCL payloads; -1: rank % visible devices.
-  int nccl_device = -1;
   // Tests only: makes TRANSPORT_NCCL channels instead of NCCL
   // (tests/testing/loopback_channel.h), so the stream protocol runs without
   // a GPU. Unset in production.

@@ -678,6 +678,20 @@ class TeacherService::Stream final
 
   // --- The NCCL thread (TRANSPORT_NCCL) -----------------------------------------------
 
+  // A failed join, blamed on the student's id (a peer that did not join,
+  // a malformed id) or on this teacher's device (memory, CUDA, NCCL).
+  absl::Status NcclJoinError(const absl::Status& why) const {
+    switch (why.code()) {
+      case absl::StatusCode::kInvalidArgument:
+      case absl::StatusCode::kDeadlineExceeded:
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kCancelled:
+        return Annotate(why, "open.nccl_unique_id");
+      default:
+        return Annotate(why, absl::StrCat("nccl_device ", service_->options_.nccl_device));
+    }
+  }
+
   // Joins the student's communicator as rank 0, answers Opened, then sends
   // each ready sample: its header on the stream, its payload with
   // NcclChannel::Send (the student posts the receive once it has read and
@@ -696,8 +710,7 @@ class TeacherService::Stream final
     {
       absl::MutexLock lock(&mu_);
       awaiting_join_ = false;
-      absl::Status opened =
-          channel.ok() ? QueueOpenedLocked() : Annotate(channel.status(), "open.nccl_unique_id");
+      absl::Status opened = channel.ok() ? QueueOpenedLocked() : NcclJoinError(channel.status());
       if (!opened.ok() && opened.code() != absl::StatusCode::kCancelled) EndLocked(opened);
       PumpLocked();
       if (!opened.ok()) return;

@@ -127,6 +127,23 @@ TEST_F(NcclChannelTest, PayloadsOfEverySizeArriveIntact) {
   EXPECT_TRUE((*channel)->health().ok());
 }
 
+// The teacher exits right after its last Send returns, while the last
+// bytes may still be in NCCL's hands: closing the channel finalizes the
+// communicator, so they arrive.
+TEST_F(NcclChannelTest, SenderThatExitsAfterItsLastSendStillDeliversIt) {
+  const std::vector<uint64_t> sizes = {3 * kPiece + 5, 3 * kPiece + 5, 3 * kPiece + 5};
+  const pid_t peer = StartPeer("send", sizes);
+  auto channel = JoinAsStudent(absl::Seconds(60));
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i + 1 == sizes.size()) absl::SleepFor(absl::Milliseconds(500));  // the sender waits
+    std::string payload(sizes[i], '\0');
+    ASSERT_TRUE((*channel)->Recv(payload.data(), payload.size()).ok()) << i;
+    EXPECT_EQ(FirstMismatch(i, payload.data(), payload.size()), -1) << "payload " << i;
+  }
+  EXPECT_EQ(testing::WaitChild(peer, absl::Seconds(60)), 0);
+}
+
 TEST_F(NcclChannelTest, PeerThatNeverJoinsTimesOut) {
   absl::StatusOr<std::string> id = NewNcclUniqueId();
   ASSERT_TRUE(id.ok());
