@@ -30,6 +30,7 @@
 #include "tests/testing/tiny_model.h"
 #if SPECSTREAM_WITH_NCCL
 #include "common/nccl_util.h"
+#include "tests/testing/nccl_peer.h"
 #endif
 
 extern char** environ;
@@ -478,8 +479,10 @@ TEST_F(OnlineTest, NcclPayloadsFromATeacherProcessTrainLikeOffline) {
 #else
   const int devices = CudaDeviceCount();
   if (devices == 0) GTEST_SKIP() << "no CUDA device";
-  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  setenv("NCCL_HOSTID", "specstream-online-test-teacher", 1);
+  // The spawned teacher inherits this environment; then this process takes
+  // its own before its first NCCL call.
+  specstream::testing::ApplyEnv(
+      specstream::testing::NcclPeerEnv(devices, "specstream-online-test-teacher"));
   const std::string port_file = dir_->Join("teacher-nccl.port");
   std::filesystem::remove(port_file);
   const pid_t pid = Spawn({SPECSTREAM_TEACHER_PATH,
@@ -503,7 +506,8 @@ TEST_F(OnlineTest, NcclPayloadsFromATeacherProcessTrainLikeOffline) {
                            std::to_string(devices - 1),
                            "--port-file",
                            port_file});
-  setenv("NCCL_HOSTID", "specstream-online-test-student", 1);  // before this process's NCCL
+  specstream::testing::ApplyEnv(
+      specstream::testing::NcclPeerEnv(devices, "specstream-online-test-student"));
   const std::string address = WaitForPortFile(port_file);
   ASSERT_FALSE(address.empty()) << "the teacher did not start";
   auto offline = Trainer::Create(Offline(), 0, 1, {});
