@@ -10,14 +10,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <new>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "common/file.h"
 
 namespace specstream {
@@ -303,19 +300,6 @@ absl::Status ShmRing::Release(uint64_t end) {
   h->release_seq.fetch_add(1, std::memory_order_seq_cst);
   if (h->producer_waiting.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&h->release_seq);
   return absl::OkStatus();
-}
-
-std::string LocalHostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
-}
-
-std::string LocalBootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return std::string(absl::StripAsciiWhitespace(id));
 }
 
 }  // namespace specstream

@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/net_address.h"  // LocalHostname, LocalBootId (same-host checks)
 
 namespace specstream {
 
@@ -135,12 +136,6 @@ class ShmRing final {
   bool reserved_ = false;
   uint64_t reserved_end_ = 0;
 };
-
-// This machine's identity for same-host checks (two processes can share a
-// ring only when both agree): the hostname and the kernel's boot id
-// (/proc/sys/kernel/random/boot_id). Empty when unavailable.
-std::string LocalHostname();
-std::string LocalBootId();
 
 }  // namespace specstream
 

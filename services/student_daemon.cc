@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/file.h"
 #include "common/logging.h"
+#include "common/net_address.h"
 #include "common/metrics_http.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
@@ -359,6 +360,7 @@ struct StudentDaemon::Impl {
           "LOCAL_RANK=0",
           absl::StrCat("MASTER_ADDR=", master_addr),
           absl::StrCat("MASTER_PORT=", entry.master_port),
+          absl::StrCat("SPECSTREAM_HOST=", options.host),
           absl::StrCat("SPECSTREAM_JOB_TOKEN=", a.job_token()),
       };
       // Only rank 0 writes metrics; another rank tailing a shared path would
@@ -443,7 +445,18 @@ absl::StatusOr<std::unique_ptr<StudentDaemon>> StudentDaemon::Create(StudentDaem
     return absl::InvalidArgumentError("stop grace must be >= 0 seconds");
   }
   if (options.workdir.empty()) return absl::InvalidArgumentError("--workdir: must not be empty");
-  if (options.host.empty()) options.host = "127.0.0.1";
+  if (options.host.empty()) {
+    // The address this host reaches the coordinator from is the one the
+    // job's other hosts reach it at (ranks bind it; rank 0 serves the
+    // rendezvous store there).
+    ASSIGN_OR_RETURN(HostPort coordinator, SplitHostPort(options.coordinator, "--coordinator"));
+    absl::StatusOr<std::string> local = LocalAddressToward(coordinator.host);
+    if (!local.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("--host: not given, and ", local.status().message()));
+    }
+    options.host = *local;
+  }
   if (options.name.empty()) options.name = DefaultName();
   if (options.train_executable.empty()) {
     ASSIGN_OR_RETURN(options.train_executable, SelfExecutable());

@@ -13,7 +13,8 @@
 // Each assignment gets <workdir>/<job_id>/attempt-<a>-rank-<r>/ holding
 // job.json (the spec, as JSON, which LoadJobSpec reads) and, when the spec
 // names no metrics file, metrics.jsonl. The child gets RANK, WORLD_SIZE,
-// LOCAL_RANK=0, MASTER_ADDR, MASTER_PORT and SPECSTREAM_JOB_TOKEN. For rank 0
+// LOCAL_RANK=0, MASTER_ADDR, MASTER_PORT, SPECSTREAM_HOST (the daemon's host,
+// which the rank binds) and SPECSTREAM_JOB_TOKEN. For rank 0
 // with master_port 0 the daemon picks a free port and reports it.
 //
 // Alongside: a gRPC server with the standard health service (its address is
@@ -42,8 +43,9 @@ struct StudentDaemonOptions {
   std::string token;        // coordinator bearer token ("" when it has none)
   TlsClientFiles tls;       // to the coordinator
   std::string name;         // default: <hostname>-<pid>
-  // Where peers reach this host (DaemonInfo.host, MASTER_ADDR for rank 0
-  // when the assignment has none); default 127.0.0.1.
+  // Where peers reach this host (DaemonInfo.host, the address its ranks
+  // bind, MASTER_ADDR when this host runs rank 0); default: the local
+  // address that routes to the coordinator.
   std::string host;
   std::string listen_host = "0.0.0.0";  // the gRPC server's bind address
   int port = 0;                         // gRPC (health); 0: any free port

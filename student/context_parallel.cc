@@ -19,12 +19,12 @@ using torch::autograd::variable_list;
 // The group travels in the autograd context as a capsule so that the graph
 // keeps it alive until backward. c10d groups are always intrusive_ptr-owned,
 // so reclaiming a counted reference from the raw object is safe.
-c10::IValue GroupCapsule(c10d::ProcessGroup& group) {
-  return c10::IValue::make_capsule(c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group));
+c10::IValue GroupCapsule(CommGroup& group) {
+  return c10::IValue::make_capsule(c10::intrusive_ptr<CommGroup>::reclaim_copy(&group));
 }
 
-c10d::ProcessGroup& GroupFrom(AutogradContext* ctx) {
-  return *static_cast<c10d::ProcessGroup*>(ctx->saved_data["group"].toCapsule().get());
+CommGroup& GroupFrom(AutogradContext* ctx) {
+  return *static_cast<CommGroup*>(ctx->saved_data["group"].toCapsule().get());
 }
 
 // Gloo all-reduces neither bf16 nor fp16: those go over the wire as fp32.
@@ -39,7 +39,7 @@ class SequenceAllGatherFunction final
     : public torch::autograd::Function<SequenceAllGatherFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& local,
-                               c10d::ProcessGroup* group) {
+                               CommGroup* group) {
     const int cp = group->getSize();
     ctx->saved_data["group"] = GroupCapsule(*group);
     ctx->saved_data["shard"] = local.size(1);
@@ -62,7 +62,7 @@ class SequenceAllGatherFunction final
   // (cp× the traffic of a true reduce-scatter; the gathered tensors are the
   // fc-projected H-wide features, so this stays small).
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    c10d::ProcessGroup& group = GroupFrom(ctx);
+    CommGroup& group = GroupFrom(ctx);
     const int64_t shard = ctx->saved_data["shard"].toInt();
     const torch::Tensor& grad = grad_outputs[0];
     if (grad.numel() == 0) return {grad.narrow(1, 0, shard), torch::Tensor()};
@@ -204,7 +204,7 @@ void BlockBackward(const torch::Tensor& q5, const torch::Tensor& do5, const torc
 // one (non-blocking both ways; wait on both before reusing either buffer).
 class RingHop final {
  public:
-  RingHop(c10d::ProcessGroup& group, const torch::Tensor& out, torch::Tensor& in, int tag) {
+  RingHop(CommGroup& group, const torch::Tensor& out, torch::Tensor& in, int tag) {
     const int rank = group.getRank(), cp = group.getSize();
     send_buffers_ = {out};
     recv_buffers_ = {in};
@@ -227,7 +227,7 @@ class RingCausalAttentionFunction final
     : public torch::autograd::Function<RingCausalAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, c10d::ProcessGroup* group, double scale,
+                               const torch::Tensor& v, CommGroup* group, double scale,
                                int64_t block, int64_t tag_base) {
     const int rank = group->getRank(), cp = group->getSize();
     const Dims dims = DimsOf(q, k);
@@ -277,7 +277,7 @@ class RingCausalAttentionFunction final
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3],
                         &lse = saved[4];
-    c10d::ProcessGroup& group = GroupFrom(ctx);
+    CommGroup& group = GroupFrom(ctx);
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t block = ctx->saved_data["block"].toInt();
     const int64_t tag_base = ctx->saved_data["tag_base"].toInt();
@@ -342,7 +342,7 @@ class RingCausalAttentionFunction final
 // Equal-split all-to-all along dim 0 (size = group size): chunk i goes to
 // group rank i, and chunk i of the result came from group rank i. Two-byte
 // floats travel as bytes (Gloo moves them bit-exactly that way).
-torch::Tensor AllToAll(const torch::Tensor& chunks, c10d::ProcessGroup& group) {
+torch::Tensor AllToAll(const torch::Tensor& chunks, CommGroup& group) {
   torch::Tensor wire = chunks.contiguous();
   const bool as_bytes = wire.element_size() == 2;
   if (as_bytes) wire = wire.view(torch::kUInt8);
@@ -355,7 +355,7 @@ torch::Tensor AllToAll(const torch::Tensor& chunks, c10d::ProcessGroup& group) {
 }
 
 // [B, H, Tl, D] sequence chunk -> [B, H/u, u·Tl, D] head slice.
-torch::Tensor SequenceToHeadsRaw(const torch::Tensor& x, c10d::ProcessGroup& group) {
+torch::Tensor SequenceToHeadsRaw(const torch::Tensor& x, CommGroup& group) {
   const int64_t u = group.getSize();
   const int64_t b = x.size(0), h = x.size(1), tl = x.size(2), d = x.size(3);
   torch::Tensor chunks = x.reshape({b, u, h / u, tl, d}).permute({1, 0, 2, 3, 4});
@@ -364,7 +364,7 @@ torch::Tensor SequenceToHeadsRaw(const torch::Tensor& x, c10d::ProcessGroup& gro
 }
 
 // [B, H/u, u·Tl, D] head slice -> [B, H, Tl, D] sequence chunk.
-torch::Tensor HeadsToSequenceRaw(const torch::Tensor& x, c10d::ProcessGroup& group) {
+torch::Tensor HeadsToSequenceRaw(const torch::Tensor& x, CommGroup& group) {
   const int64_t u = group.getSize();
   const int64_t b = x.size(0), hl = x.size(1), tl = x.size(2) / u, d = x.size(3);
   torch::Tensor chunks = x.reshape({b, hl, u, tl, d}).permute({2, 0, 1, 3, 4});
@@ -377,14 +377,14 @@ torch::Tensor HeadsToSequenceRaw(const torch::Tensor& x, c10d::ProcessGroup& gro
 class UlyssesAllToAllFunction final : public torch::autograd::Function<UlyssesAllToAllFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               c10d::ProcessGroup* group, bool to_heads) {
+                               CommGroup* group, bool to_heads) {
     ctx->saved_data["group"] = GroupCapsule(*group);
     ctx->saved_data["to_heads"] = to_heads;
     return to_heads ? SequenceToHeadsRaw(x, *group) : HeadsToSequenceRaw(x, *group);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    c10d::ProcessGroup& group = GroupFrom(ctx);
+    CommGroup& group = GroupFrom(ctx);
     const torch::Tensor grad = grad_outputs[0].contiguous();
     torch::Tensor result = ctx->saved_data["to_heads"].toBool() ? HeadsToSequenceRaw(grad, group)
                                                                 : SequenceToHeadsRaw(grad, group);
@@ -503,13 +503,13 @@ torch::Tensor ShardValidMask(int64_t total_length, int64_t cp_size, int64_t cp_r
   return torch::arange(shard.padded_length, torch::kInt64) < shard.length;
 }
 
-torch::Tensor SequenceAllGather(const torch::Tensor& local, c10d::ProcessGroup& cp_group) {
+torch::Tensor SequenceAllGather(const torch::Tensor& local, CommGroup& cp_group) {
   TORCH_CHECK(local.dim() >= 2, "SequenceAllGather: expected [B, Tpad, ...], got ", local.sizes());
   return SequenceAllGatherFunction::apply(local, &cp_group);
 }
 
 RingAttentionOutput RingCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                        const torch::Tensor& v, c10d::ProcessGroup& cp_group,
+                                        const torch::Tensor& v, CommGroup& cp_group,
                                         const RingAttentionOptions& options) {
   TORCH_CHECK(q.dim() == 4, "RingCausalAttention: q must be [B, Hq, Tpad, D], got ", q.sizes());
   TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes(),
@@ -559,11 +559,11 @@ absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
   if (layout.cp_size == 1) return groups;
   if (!store) return absl::InvalidArgumentError("context parallelism needs the rendezvous store");
   auto create = [&](const std::string& prefix, int rank,
-                    int size) -> absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> {
+                    int size) -> absl::StatusOr<c10::intrusive_ptr<CommGroup>> {
     RendezvousOptions options;
     options.rank = rank;
     options.world_size = size;
-    options.master_addr = host;
+    options.local_addr = host;
     options.timeout = timeout;
     auto handle = CreateGlooGroup(options, c10::make_intrusive<c10d::PrefixStore>(prefix, store));
     if (!handle.ok()) return handle.status();
@@ -586,14 +586,14 @@ absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
   return groups;
 }
 
-torch::Tensor SequenceToHeads(const torch::Tensor& x, c10d::ProcessGroup& group) {
+torch::Tensor SequenceToHeads(const torch::Tensor& x, CommGroup& group) {
   TORCH_CHECK(x.dim() == 4, "SequenceToHeads: expected [B, H, Tl, D], got ", x.sizes());
   TORCH_CHECK(x.size(1) % group.getSize() == 0, "SequenceToHeads: ", x.size(1),
               " heads are not divisible by the Ulysses degree ", group.getSize());
   return UlyssesAllToAllFunction::apply(x, &group, true);
 }
 
-torch::Tensor HeadsToSequence(const torch::Tensor& x, c10d::ProcessGroup& group) {
+torch::Tensor HeadsToSequence(const torch::Tensor& x, CommGroup& group) {
   TORCH_CHECK(x.dim() == 4, "HeadsToSequence: expected [B, H/u, u*Tl, D], got ", x.sizes());
   TORCH_CHECK(x.size(2) % group.getSize() == 0, "HeadsToSequence: ", x.size(2),
               " rows are not divisible by the Ulysses degree ", group.getSize());
@@ -602,7 +602,7 @@ torch::Tensor HeadsToSequence(const torch::Tensor& x, c10d::ProcessGroup& group)
 
 torch::Tensor RingTttAttention(const torch::Tensor& q, const torch::Tensor& k0,
                                const torch::Tensor& v0, const torch::Tensor& kd,
-                               const torch::Tensor& vd, c10d::ProcessGroup& ring_group,
+                               const torch::Tensor& vd, CommGroup& ring_group,
                                const RingAttentionOptions& options) {
   RingAttentionOutput ring = RingCausalAttention(q, k0, v0, ring_group, options);
   if (!kd.defined() || kd.size(0) == 0) return ring.out;

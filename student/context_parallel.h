@@ -30,10 +30,10 @@
 #include <string>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/torch/compat.h"
 
 namespace specstream::student {
 
@@ -70,7 +70,7 @@ torch::Tensor ShardValidMask(int64_t total_length, int64_t cp_size, int64_t cp_r
 // every rank's gathered copy (all_reduce + slice). bf16/fp16 travel as fp32;
 // the result and the gradient keep the input dtype. Throws c10::Error on a
 // communication failure or a tensor with fewer than two dims.
-torch::Tensor SequenceAllGather(const torch::Tensor& local, c10d::ProcessGroup& cp_group);
+torch::Tensor SequenceAllGather(const torch::Tensor& local, CommGroup& cp_group);
 
 struct RingAttentionOptions {
   double scale = 1.0;        // usually 1/sqrt(head_dim)
@@ -105,7 +105,7 @@ struct RingAttentionOutput {
 // Scores and accumulators are fp32 (fp64 for fp64 inputs). Throws c10::Error
 // on bad shapes or a communication failure.
 RingAttentionOutput RingCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                        const torch::Tensor& v, c10d::ProcessGroup& cp_group,
+                                        const torch::Tensor& v, CommGroup& cp_group,
                                         const RingAttentionOptions& options);
 
 // ---------------------------------------------------------------------------
@@ -139,13 +139,14 @@ absl::Status ValidateCpLayout(const CpLayout& layout, int64_t q_heads, int64_t k
 
 // The sub-groups one rank attends over; null where the degree is 1.
 struct CpGroups {
-  c10::intrusive_ptr<c10d::ProcessGroup> ulysses;
-  c10::intrusive_ptr<c10d::ProcessGroup> ring;
+  c10::intrusive_ptr<CommGroup> ulysses;
+  c10::intrusive_ptr<CommGroup> ring;
 };
 
 // Creates this rank's Ulysses and ring groups (Gloo) over prefixes of the
 // world's rendezvous store. Collective: every world rank must call it with
-// the same layout. `host` is the address Gloo binds for its connections.
+// the same layout. `host` is this rank's own address, which Gloo binds for
+// its connections (ResolveLocalAddress).
 absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
                                         const c10::intrusive_ptr<c10d::Store>& store,
                                         const std::string& host, std::chrono::milliseconds timeout);
@@ -158,10 +159,10 @@ absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
 // group of size u) over the u chunks concatenated in group-rank order.
 // Differentiable (the backward is the inverse all-to-all). H must be
 // divisible by u. bf16/fp16 travel bit-exactly. Collective over `group`.
-torch::Tensor SequenceToHeads(const torch::Tensor& x, c10d::ProcessGroup& group);
+torch::Tensor SequenceToHeads(const torch::Tensor& x, CommGroup& group);
 
 // The inverse: [B, H / u, u · Tl, D] -> [B, H, Tl, D].
-torch::Tensor HeadsToSequence(const torch::Tensor& x, c10d::ProcessGroup& group);
+torch::Tensor HeadsToSequence(const torch::Tensor& x, CommGroup& group);
 
 // ---------------------------------------------------------------------------
 // TTT attention (ttt_attention.h semantics) with the step-0 keys spread over
@@ -173,7 +174,7 @@ torch::Tensor HeadsToSequence(const torch::Tensor& x, c10d::ProcessGroup& group)
 // dtype. Collective over `ring_group`.
 torch::Tensor RingTttAttention(const torch::Tensor& q, const torch::Tensor& k0,
                                const torch::Tensor& v0, const torch::Tensor& kd,
-                               const torch::Tensor& vd, c10d::ProcessGroup& ring_group,
+                               const torch::Tensor& vd, CommGroup& ring_group,
                                const RingAttentionOptions& options);
 
 }  // namespace specstream::student

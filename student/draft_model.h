@@ -26,11 +26,8 @@
 #include "absl/status/statusor.h"
 #include "common/hf_config.h"
 #include "common/torch/blocks.h"
+#include "common/torch/compat.h"
 #include "common/vocab_map.h"
-
-namespace c10d {
-class ProcessGroup;
-}  // namespace c10d
 
 namespace specstream::student {
 
@@ -71,8 +68,8 @@ struct DraftBatch {
 // must then be this rank's shard (same T on every rank of the CP group) and
 // every rank of the groups must call Forward and backward together.
 struct DraftParallel {
-  c10d::ProcessGroup* ulysses = nullptr;
-  c10d::ProcessGroup* ring = nullptr;
+  CommGroup* ulysses = nullptr;
+  CommGroup* ring = nullptr;
 };
 
 // Per-step sums over this rank's valid positions; the trainer all-reduces

@@ -280,6 +280,8 @@ absl::Status ValidateCheckpoint(const v1::CheckpointSpec& checkpoint) {
   return absl::OkStatus();
 }
 
+constexpr double kDefaultRendezvousTimeoutSeconds = 120;
+
 absl::Status ValidateParallel(v1::ParallelSpec& parallel) {
   if (parallel.cp_size() == 0) parallel.set_cp_size(kDefaultCpSize);
   if (parallel.cp_size() < 1) {
@@ -314,6 +316,14 @@ absl::Status ValidateParallel(v1::ParallelSpec& parallel) {
                                    parallel.ulysses_degree()));
   }
   RETURN_IF_ERROR(RequireNonNegative(parallel.dp_size(), "parallel.dp_size"));
+  if (!(parallel.rendezvous_timeout_s() >= 0) || parallel.rendezvous_timeout_s() > 86400) {
+    return FieldError("parallel.rendezvous_timeout_s",
+                      absl::StrCat("must be in [0, 86400] seconds, got ",
+                                   parallel.rendezvous_timeout_s()));
+  }
+  if (parallel.rendezvous_timeout_s() == 0) {
+    parallel.set_rendezvous_timeout_s(kDefaultRendezvousTimeoutSeconds);
+  }
   if (parallel.dp_size() > kMaxWorldSize || parallel.cp_size() > kMaxWorldSize ||
       parallel.dp_size() * parallel.cp_size() > kMaxWorldSize) {
     return FieldError("parallel.dp_size",

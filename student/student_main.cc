@@ -1,6 +1,8 @@
 // `specstream-student`: the draft trainer.
-//   train   --config job.yaml [--resume] [--nproc N]   (torchrun-style env:
-//           RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+//   train   --config job.yaml [--resume] [--nproc N] [--host ADDR]
+//           (torchrun-style env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+//           this rank's own address: --host, SPECSTREAM_HOST,
+//           GLOO_SOCKET_IFNAME, else the one that routes to MASTER_ADDR)
 //   export  --checkpoint DIR --out DIR                 (SGLang / vLLM layout)
 //   eval    --checkpoint DIR --data STORE              (one JSON line)
 //   serve   --coordinator HOST:PORT [...]              (a student daemon: runs
@@ -22,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_auth.h"
 #include "common/logging.h"
+#include "common/openmp_wait.h"
 #include "common/shutdown_signal.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
@@ -128,7 +131,13 @@ int LaunchLocalRanks(int nproc, int argc, char** argv) {
   return exit_code;
 }
 
-absl::Status Train(const std::string& config_path, bool resume, int progress) {
+std::string EnvString(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+absl::Status Train(const std::string& config_path, bool resume, const std::string& host,
+                   int progress) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, LoadJobSpec(config_path));
   ASSIGN_OR_RETURN(TrainerConfig config, TrainerConfigFromJobSpec(spec));
   config.resume = resume;
@@ -151,16 +160,23 @@ absl::Status Train(const std::string& config_path, bool resume, int progress) {
   RETURN_IF_ERROR(ValidateCpLayout(CpLayout{world, static_cast<int>(config.cp_size),
                                             static_cast<int>(config.ulysses_degree), rank},
                                    0, 0));
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<CommGroup> group;
   ProcessGroupHandle handle;
   if (world > 1) {
     RendezvousOptions rendezvous;
     rendezvous.rank = rank;
     rendezvous.world_size = world;
-    const char* addr = std::getenv("MASTER_ADDR");
-    rendezvous.master_addr = addr != nullptr ? addr : "127.0.0.1";
-    config.gloo_host = rendezvous.master_addr;
+    rendezvous.master_addr = EnvString("MASTER_ADDR");
+    if (rendezvous.master_addr.empty()) rendezvous.master_addr = "127.0.0.1";
     rendezvous.master_port = EnvInt("MASTER_PORT", 29500);
+    rendezvous.local_addr = host.empty() ? EnvString("SPECSTREAM_HOST") : host;
+    rendezvous.interface = EnvString("GLOO_SOCKET_IFNAME");
+    rendezvous.join_timeout = config.rendezvous_timeout;
+    ASSIGN_OR_RETURN(config.gloo_host, ResolveLocalAddress(rendezvous));
+    rendezvous.local_addr = config.gloo_host;
+    SS_LOG_INFO("rendezvous: rank {}/{} binds {} and joins {}:{} (deadline {} s)", rank, world,
+                config.gloo_host, rendezvous.master_addr, rendezvous.master_port,
+                rendezvous.join_timeout.count() / 1000.0);
     ASSIGN_OR_RETURN(handle, CreateGlooGroup(rendezvous));
     group = handle.group;
   }
@@ -192,6 +208,8 @@ absl::Status RunServe(ServeFlags flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread: may re-execute this binary (common/openmp_wait.h).
+  specstream::PreferPassiveOpenMpWait(argv);
   CLI::App app{"SpecStream student: trains EAGLE-3 drafts"};
   app.require_subcommand(1);
   std::string log_level = "info";
@@ -200,10 +218,15 @@ int main(int argc, char** argv) {
   std::string config_path;
   bool resume = false;
   int nproc = 0;
+  std::string train_host;
   CLI::App* train_cmd = app.add_subcommand("train", "Train a draft from a job YAML");
   train_cmd->add_option("--config", config_path, "Job YAML (docs/job-config.md)")->required();
   train_cmd->add_flag("--resume", resume, "Continue from the latest checkpoint");
   train_cmd->add_option("--nproc", nproc, "Start this many local ranks (DDP over Gloo)");
+  train_cmd->add_option("--host", train_host,
+                        "This rank's own address for its process groups (default: "
+                        "$SPECSTREAM_HOST, the address of $GLOO_SOCKET_IFNAME, else the local "
+                        "address that routes to MASTER_ADDR)");
 
   std::string export_checkpoint, export_out;
   CLI::App* export_cmd = app.add_subcommand("export", "Write the SGLang/vLLM draft layout");
@@ -231,7 +254,8 @@ int main(int argc, char** argv) {
       ->required();
   serve_cmd->add_option("--name", daemon.name, "Daemon name (default: <hostname>-<pid>)");
   serve_cmd->add_option("--host", daemon.host,
-                        "Address peers reach this host at (default 127.0.0.1)");
+                        "Address peers reach this host at; its ranks bind it (default: the local address "
+                        "that routes to the coordinator)");
   serve_cmd->add_option("--port", daemon.port, "gRPC health port (0: any free port)");
   serve_cmd->add_option("--port-file", daemon.port_file, "Write the bound gRPC port here");
   serve_cmd->add_option("--metrics-port", daemon.metrics_port,
@@ -267,7 +291,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (*serve_cmd) return ExitCode(RunServe(std::move(serve)));
-  if (*train_cmd) return ExitCode(Train(config_path, resume, -1));
+  if (*train_cmd) return ExitCode(Train(config_path, resume, train_host, -1));
   if (*export_cmd) return ExitCode(ExportCheckpoint(export_checkpoint, export_out));
   if (*eval_cmd) {
     auto result = EvaluateCheckpoint(eval_checkpoint, eval_data, eval_ttt, eval_max_length);

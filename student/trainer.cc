@@ -99,6 +99,10 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.tensorboard_dir = spec.metrics().tensorboard_dir();
   const auto& parallel = spec.parallel();
   c.cp_size = std::max<int64_t>(1, parallel.cp_size());
+  if (parallel.rendezvous_timeout_s() > 0) {
+    c.rendezvous_timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(std::llround(parallel.rendezvous_timeout_s() * 1000)));
+  }
   if (parallel.cp_mode() == "ulysses") {
     c.ulysses_degree = c.cp_size;
   } else if (parallel.cp_mode() == "usp") {
@@ -121,7 +125,7 @@ double SimulatedAcceptLength(const std::vector<double>& acc_k) {
 Trainer::~Trainer() = default;
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<c10d::ProcessGroup> group,
+    TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<CommGroup> group,
     c10::intrusive_ptr<c10d::Store> store) {
   if (world_size > 1 && !group) {
     return absl::InvalidArgumentError("a world of several ranks needs a process group");
@@ -467,14 +471,28 @@ absl::Status Trainer::TrainStep() {
   const int64_t epoch = step_ / steps_per_epoch_;
   ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(epoch));
   const std::vector<int64_t> indices = plan[step_ % steps_per_epoch_];
-  // Online sources compute this batch (if not yet asked) and the next one
-  // while this step trains.
+  // Online sources compute this batch (if not yet asked) and the batches
+  // after it while this step trains: at least the next one, and as many
+  // more as data.in_flight samples reach, so that a teacher far away (a
+  // round trip of tens of ms, slow start after each idle gap) streams
+  // several steps ahead instead of one.
   source_->Prefetch(indices, BatchRows(indices));
-  if (step_ + 1 < total_steps_) {
-    ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> next_plan,
-                     EpochPlan((step_ + 1) / steps_per_epoch_));
-    const std::vector<int64_t>& next = next_plan[(step_ + 1) % steps_per_epoch_];
+  // The loop also stops after in_flight steps, so empty batches (which use
+  // no budget) cannot make it walk the rest of training; the epoch plan is
+  // fetched once per epoch it crosses, not once per step ahead.
+  int64_t budget = config_.in_flight - static_cast<int64_t>(indices.size());
+  std::vector<std::vector<int64_t>> ahead_plan = plan;
+  int64_t ahead_epoch = epoch;
+  for (int64_t ahead = step_ + 1; ahead < total_steps_ && ahead <= step_ + config_.in_flight;
+       ++ahead) {
+    if (ahead / steps_per_epoch_ != ahead_epoch) {
+      ahead_epoch = ahead / steps_per_epoch_;
+      ASSIGN_OR_RETURN(ahead_plan, EpochPlan(ahead_epoch));
+    }
+    const std::vector<int64_t>& next = ahead_plan[ahead % steps_per_epoch_];
+    if (ahead > step_ + 1 && static_cast<int64_t>(next.size()) > budget) break;
     source_->Prefetch(next, BatchRows(next));
+    budget -= static_cast<int64_t>(next.size());
   }
   ASSIGN_OR_RETURN(DraftBatch batch, LoadBatch(indices));
   const int k_steps = config_.ttt_steps;

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "absl/status/statusor.h"
 #include "common/payload_channel.h"
+#include "common/torch/compat.h"
 #include "specstream/v1/job.pb.h"
 #include "student/context_parallel.h"
 #include "student/data_source.h"
@@ -85,7 +85,11 @@ struct TrainerConfig {
   // Ulysses only; in between: USP).
   int64_t cp_size = 1;
   int64_t ulysses_degree = 1;
-  std::string gloo_host = "127.0.0.1";  // address Gloo binds for the CP groups
+  // This rank's own address, which Gloo binds for the CP groups (the one
+  // the world group bound: ResolveLocalAddress).
+  std::string gloo_host = "127.0.0.1";
+  // parallel.rendezvous_timeout_s: the deadline for every rank to join.
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(120)};
 };
 
 struct StepMetrics {
@@ -106,7 +110,7 @@ class Trainer final {
   // `group` may be null when world_size is 1. `store` is the world's
   // rendezvous store, needed to create the CP groups when cp_size > 1.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
-      TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<c10d::ProcessGroup> group,
+      TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<CommGroup> group,
       c10::intrusive_ptr<c10d::Store> store = {});
   ~Trainer();
 
@@ -146,7 +150,7 @@ class Trainer final {
   TrainerConfig config_;
   int rank_ = 0;
   int world_size_ = 1;
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<CommGroup> group_;
   c10::intrusive_ptr<c10d::Store> store_;
   CpLayout layout_;
   CpGroups cp_groups_;

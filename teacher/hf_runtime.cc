@@ -26,6 +26,7 @@ absl::Status HfRuntime::Load() {
   config_ = std::move(model.config);
   description_ = std::move(model.description);
   dtype_ = description_.dtype;
+  device_ = model.device;
   weights_ = std::make_unique<ModelWeights>(std::move(model.weights));
   const HfModelConfig& c = config_;
   ASSIGN_OR_RETURN(auto rotary, nn::Rotary::Create(c.head_dim, c.rope_theta, c.rope_scaling,
@@ -45,7 +46,7 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(const torch::Ten
     padded[b].narrow(0, 0, lengths[b]).copy_(ids.narrow(0, offset, lengths[b]));
     offset += lengths[b];
   }
-  return ComputePadded(padded, lengths, want_target_ids, nullptr);
+  return ComputePadded(padded.to(device_), lengths, want_target_ids, nullptr);
 }
 
 absl::StatusOr<std::vector<torch::Tensor>> HfRuntime::HiddenStates(
@@ -53,7 +54,8 @@ absl::StatusOr<std::vector<torch::Tensor>> HfRuntime::HiddenStates(
   ForwardRequest request;
   request.sequences = {ids};
   RETURN_IF_ERROR(ValidateForwardRequest(request, config_));
-  torch::Tensor input = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end())).unsqueeze(0);
+  torch::Tensor input =
+      torch::tensor(std::vector<int64_t>(ids.begin(), ids.end())).unsqueeze(0).to(device_);
   std::vector<torch::Tensor> hidden;
   auto result = ComputePadded(input, {static_cast<int64_t>(ids.size())}, false, &hidden);
   if (!result.ok()) return result.status();
@@ -79,7 +81,7 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     };
 
     torch::Tensor h = weights_->embed.index_select(0, ids.reshape({-1})).view({batch, t, -1});
-    auto [cos, sin] = rotary_->CosSin(torch::arange(t, torch::kInt64), dtype_);
+    auto [cos, sin] = rotary_->CosSin(torch::arange(t, ids.options()), dtype_);
     // Captures in the order of the ids (which may repeat or be unsorted).
     const auto& capture_ids = description_.capture_layer_ids;
     std::vector<torch::Tensor> ordered(capture_ids.size());
@@ -87,6 +89,14 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     nn::AttentionOptions attention;
     attention.scale = 1.0 / std::sqrt(static_cast<double>(d));
     attention.max_score_elements = options_.max_score_elements;
+    // With padding, attention runs per sequence at its own length: both
+    // kernels order their reductions by the key count (the fused one on 2.x,
+    // the blockwise one's probabilities x values matmul on 1.13), so over
+    // padded keys a row would round differently from the same sequence alone
+    // (or packed, as sglang runs it). So a sequence's captures never depend
+    // on what it was batched with.
+    const bool any_padding =
+        std::any_of(lengths.begin(), lengths.end(), [t](int64_t n) { return n < t; });
 
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       const LayerWeights& l = weights_->layers[i];
@@ -102,7 +112,15 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
       k = nn::ApplyRotary(k.transpose(1, 2), cos, sin);
       v = v.transpose(1, 2);
       attention.sliding_window = l.sliding_window;
-      torch::Tensor a = nn::CausalAttention(q, k, v, attention);
+      const bool per_sequence = any_padding;
+      torch::Tensor a =
+          per_sequence ? torch::zeros_like(q) : nn::CausalAttention(q, k, v, attention);
+      for (int64_t b = 0; per_sequence && b < batch; ++b) {
+        auto valid = [&](const torch::Tensor& x) {
+          return x.narrow(0, b, 1).narrow(2, 0, lengths[b]);
+        };
+        valid(a).copy_(nn::CausalAttention(valid(q), valid(k), valid(v), attention));
+      }
       a = torch::linear(a.transpose(1, 2).reshape({batch, t, q_heads * d}), l.o);
       reduce(a);
       if (l.o_bias.defined()) a = a + l.o_bias;

@@ -46,8 +46,8 @@ class HfRuntime final : public TensorParallelRuntime {
   absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
                                                        const std::vector<int64_t>& lengths,
                                                        bool want_target_ids) override;
-  // ids [B, T] int64 right-padded; causal attention keeps the padding out of
-  // every real position.
+  // ids [B, T] int64 right-padded, on device_; causal attention keeps the
+  // padding out of every real position.
   absl::StatusOr<std::vector<SequenceCapture>> ComputePadded(
       const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
       std::vector<torch::Tensor>* all_hidden);

@@ -18,8 +18,9 @@ namespace {
 // them for one rank.
 class WeightLoader final {
  public:
-  WeightLoader(const CheckpointTensors& checkpoint, torch::Dtype dtype, int rank, int size)
-      : checkpoint_(checkpoint), dtype_(dtype), rank_(rank), size_(size) {}
+  WeightLoader(const CheckpointTensors& checkpoint, torch::Dtype dtype, torch::Device device,
+               int rank, int size)
+      : checkpoint_(checkpoint), dtype_(dtype), device_(device), rank_(rank), size_(size) {}
 
   // Checks that the tensor exists with exactly `shape`, without reading it.
   absl::Status Check(const std::string& name, const std::vector<int64_t>& shape) {
@@ -29,7 +30,7 @@ class WeightLoader final {
   // The full tensor, which must have exactly `shape`.
   absl::StatusOr<torch::Tensor> Full(const std::string& name, std::vector<int64_t> shape) {
     ASSIGN_OR_RETURN(TensorView view, View(name, shape));
-    return TensorFromView(view, dtype_);
+    return TensorFromView(view, dtype_, device_);
   }
 
   // This TP rank's slice along `dim` (the tensor must have `shape`).
@@ -45,7 +46,11 @@ class WeightLoader final {
     const int64_t part = shape[dim] / size;
     torch::Tensor out;
     RETURN_IF_ERROR(CatchTorch(name, [&] {
-      out = BorrowView(view).narrow(dim, rank * part, part).to(dtype_, false, true).contiguous();
+      // One copy from the mapped file to the device; a strided shard lands
+      // contiguous (the copy's layout follows the destination).
+      torch::Tensor slice = BorrowView(view).narrow(dim, rank * part, part);
+      out = torch::empty(slice.sizes(), torch::TensorOptions().dtype(dtype_).device(device_));
+      out.copy_(slice);
     }));
     return out;
   }
@@ -67,6 +72,7 @@ class WeightLoader final {
 
   const CheckpointTensors& checkpoint_;
   torch::Dtype dtype_;
+  torch::Device device_;
   int rank_, size_;
   std::set<std::string> used_;
 };
@@ -192,9 +198,10 @@ absl::Status CheckParallelLayout(const HfModelConfig& c, const ParallelLayout& l
 }
 
 absl::StatusOr<ModelWeights> LoadTargetWeights(const std::string& model_dir, const HfModelConfig& c,
-                                               torch::Dtype dtype, const ParallelLayout& layout) {
+                                               torch::Dtype dtype, const ParallelLayout& layout,
+                                               torch::Device device) {
   ASSIGN_OR_RETURN(auto checkpoint, CheckpointTensors::Open(model_dir));
-  WeightLoader w(*checkpoint, dtype, layout.tp_rank, layout.tp_size);
+  WeightLoader w(*checkpoint, dtype, device, layout.tp_rank, layout.tp_size);
   const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size, I = c.intermediate_size;
   const int64_t QA = c.num_attention_heads * D, KA = c.num_key_value_heads * D;
   ModelWeights out;
@@ -285,7 +292,7 @@ absl::Status ValidateForwardRequest(const ForwardRequest& request, const HfModel
 torch::Tensor FullVocabArgmax(const torch::Tensor& last_hidden, const torch::Tensor& lm_head) {
   constexpr int64_t kRows = 256;
   const int64_t t = last_hidden.size(0);
-  torch::Tensor target = torch::empty({t}, torch::kInt32);
+  torch::Tensor target = torch::empty({t}, last_hidden.options().dtype(torch::kInt32));
   for (int64_t r = 0; r < t; r += kRows) {
     const int64_t rows = std::min(kRows, t - r);
     torch::Tensor logits = torch::linear(last_hidden.narrow(0, r, rows), lm_head);
@@ -315,7 +322,9 @@ absl::StatusOr<LoadedModel> LoadTargetModel(const TargetRuntimeOptions& options,
   ModelDescription& d = out.description;
   ASSIGN_OR_RETURN(d.dtype, ResolveComputeDtype(options.dtype, c));
   ASSIGN_OR_RETURN(d.capture_layer_ids, ResolveCaptureLayers(options.capture_layer_ids, c));
-  ASSIGN_OR_RETURN(out.weights, LoadTargetWeights(options.model_dir, c, d.dtype, layout));
+  ASSIGN_OR_RETURN(out.device, ParseDevice(options.device, "device"));
+  ASSIGN_OR_RETURN(out.weights,
+                   LoadTargetWeights(options.model_dir, c, d.dtype, layout, out.device));
   d.model_type = c.model_type;
   d.runtime = runtime_name;
   d.hidden_size = c.hidden_size;
@@ -324,11 +333,11 @@ absl::StatusOr<LoadedModel> LoadTargetModel(const TargetRuntimeOptions& options,
   d.max_position_embeddings = c.max_position_embeddings;
   d.tp_size = options.tp_size;
   SS_LOG_INFO(
-      "{} runtime: {} with {} layers, hidden {}, vocab {}{}, {} on TP rank {}/{}{}, capture {}",
+      "{} runtime: {} with {} layers, hidden {}, vocab {}{}, {} on {}, TP rank {}/{}{}, capture {}",
       runtime_name, c.model_type, c.num_hidden_layers, c.hidden_size, c.vocab_size,
       c.is_moe() ? absl::StrCat(", ", c.num_experts, " experts top-", c.num_experts_per_tok)
                  : std::string(),
-      c10::toString(d.dtype), options.tp_rank, options.tp_size,
+      c10::toString(d.dtype), out.device.str(), options.tp_rank, options.tp_size,
       options.ep_size > 1 ? absl::StrCat(" (EP rank ", layout.ep_rank(), "/", options.ep_size, ")")
                           : std::string(),
       absl::StrJoin(d.capture_layer_ids, ","));

@@ -104,23 +104,27 @@ struct LoadedModel {
   HfModelConfig config;
   ModelWeights weights;
   ModelDescription description;
+  torch::Device device = torch::kCPU;  // options.device, where the weights are
 };
 absl::StatusOr<LoadedModel> LoadTargetModel(const TargetRuntimeOptions& options,
                                             const std::string& runtime_name, bool allow_moe);
 
 // Reads every tensor the rank needs, checking shapes against the config and
 // slicing for the rank (other EP ranks' experts are shape-checked, not read);
-// warns about checkpoint tensors left unused.
+// warns about checkpoint tensors left unused. Each tensor is copied once,
+// from the mapped file straight to `device`, so the host never holds the
+// model.
 absl::StatusOr<ModelWeights> LoadTargetWeights(const std::string& model_dir,
                                                const HfModelConfig& config, torch::Dtype dtype,
-                                               const ParallelLayout& layout);
+                                               const ParallelLayout& layout,
+                                               torch::Device device = torch::kCPU);
 
 // InvalidArgument for no sequences, an empty one, one over
 // max_position_embeddings or an id outside the vocab.
 absl::Status ValidateForwardRequest(const ForwardRequest& request, const HfModelConfig& config);
 
 // Argmax of last_hidden · lm_headᵀ over the full vocab, in row chunks (never
-// T × V logits at once). int32 [T].
+// T × V logits at once). int32 [T], on last_hidden's device.
 torch::Tensor FullVocabArgmax(const torch::Tensor& last_hidden, const torch::Tensor& lm_head);
 
 }  // namespace specstream::teacher

@@ -55,7 +55,8 @@ torch::Tensor RunGrouped(const torch::Tensor& rows, const torch::Tensor& local_i
 
 torch::Tensor CombineLocal(const torch::Tensor& x, const Routing& routing, const Experts& experts) {
   const int64_t k = routing.experts.size(1);
-  torch::Tensor token = torch::arange(x.size(0), torch::kInt64).repeat_interleave(k);
+  torch::Tensor token =
+      torch::arange(x.size(0), x.options().dtype(torch::kInt64)).repeat_interleave(k);
   torch::Tensor y =
       RunGrouped(x.index_select(0, token), routing.experts.reshape({-1}) - experts.first, experts);
   return torch::zeros_like(x).index_add_(0, token, y * routing.weights.reshape({-1, 1}));
@@ -81,11 +82,12 @@ TokenChunk ChunkOf(int64_t n, int rank, int size) {
 
 absl::StatusOr<torch::Tensor> DispatchCombine(const torch::Tensor& x, const Routing& routing,
                                               const Experts& experts, const ParallelLayout& layout,
-                                              c10d::ProcessGroup& group) {
+                                              CommGroup& group) {
   const int ranks = layout.tp_size, moe_tp = layout.moe_tp_size();
   const int64_t k = routing.experts.size(1);
   // Every (token, slot) pair, ordered by the EP rank owning its expert.
-  torch::Tensor token = torch::arange(x.size(0), torch::kInt64).repeat_interleave(k);
+  torch::Tensor token =
+      torch::arange(x.size(0), x.options().dtype(torch::kInt64)).repeat_interleave(k);
   torch::Tensor expert = routing.experts.reshape({-1});
   torch::Tensor weight = routing.weights.reshape({-1});
   torch::Tensor owner = torch::div(expert, experts.count(), "floor");

@@ -22,9 +22,9 @@
 #include <cstdint>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/torch/compat.h"
 #include "teacher/model_weights.h"
 
 namespace specstream::teacher::moe {
@@ -68,7 +68,7 @@ torch::Tensor PerTokenLoop(const torch::Tensor& x, const Routing& routing, const
 // routing, and gets back the full Σ_k weights · expert(x) for its rows.
 absl::StatusOr<torch::Tensor> DispatchCombine(const torch::Tensor& x, const Routing& routing,
                                               const Experts& experts, const ParallelLayout& layout,
-                                              c10d::ProcessGroup& group);
+                                              CommGroup& group);
 
 // The contiguous chunk [begin, begin + size) of n tokens that TP rank `rank`
 // of `size` routes under expert parallelism.

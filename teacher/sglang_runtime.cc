@@ -65,6 +65,7 @@ absl::Status SglangRuntime::Load() {
   config_ = std::move(model.config);
   description_ = std::move(model.description);
   dtype_ = description_.dtype;
+  device_ = model.device;
   ModelWeights& weights = model.weights;
   const HfModelConfig& c = config_;
   embed_ = weights.embed;
@@ -137,10 +138,11 @@ torch::Tensor SglangRuntime::SparseMlp(const Layer& l, const torch::Tensor& x) {
 }
 
 absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
-    const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids) {
+    const torch::Tensor& host_ids, const std::vector<int64_t>& lengths, bool want_target_ids) {
   std::vector<SequenceCapture> out;
   absl::Status status = CatchTorch("sglang forward", [&] {
     torch::NoGradGuard no_grad;
+    const torch::Tensor ids = host_ids.to(device_);
     const HfModelConfig& c = config_;
     const int64_t n = ids.size(0), d = c.head_dim;
     const int64_t q_heads = c.num_attention_heads / options_.tp_size;
@@ -159,7 +161,7 @@ absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
     std::vector<torch::Tensor> position_parts;
     for (size_t s = 0; s < lengths.size(); ++s) {
       offsets[s + 1] = offsets[s] + lengths[s];
-      position_parts.push_back(torch::arange(lengths[s], torch::kInt64));
+      position_parts.push_back(torch::arange(lengths[s], ids.options()));
     }
     auto [cos, sin] = rotary_->CosSin(torch::cat(position_parts), dtype_);
     cos = cos.unsqueeze(1);  // [N, 1, D]: broadcast over heads

@@ -24,6 +24,7 @@
 #include "common/grpc_auth.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/openmp_wait.h"
 #include "common/shm_ring.h"
 #include "common/shutdown_signal.h"
 #include "common/status.h"
@@ -87,7 +88,8 @@ struct RuntimeFlags {
 
   void Add(CLI::App* app) {
     app->add_option("--model", model, "Target checkpoint directory (HF layout)")->required();
-    app->add_option("--devices", devices, "One rank per device, e.g. cpu,cpu (tensor parallel)");
+    app->add_option("--devices", devices,
+                    "One TP rank per device: cpu,cpu (tensor parallel) or one cuda:N");
     app->add_option("--tp", tp,
                     "Tensor-parallel ranks (default: one per --devices entry; with --devices "
                     "cpu, N cpu ranks)");
@@ -291,6 +293,8 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread: may re-execute this binary (common/openmp_wait.h).
+  specstream::PreferPassiveOpenMpWait(argv);
   CLI::App app{"SpecStream teacher: runs the target model and captures EAGLE-3 hidden states"};
   app.require_subcommand(1);
   std::string log_level = "info";
@@ -410,6 +414,7 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--ep", worker.ep_size);
   worker_cmd->add_option("--master-addr", worker.master_addr);
   worker_cmd->add_option("--master-port", worker.master_port)->required();
+  worker_cmd->add_option("--device", worker.device);
 
   try {
     app.parse(argc, argv);

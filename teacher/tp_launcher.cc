@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -99,18 +100,27 @@ absl::StatusOr<std::unique_ptr<TensorParallelRuntime>> CreateTargetRuntime(
 absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices) {
   std::vector<std::string> out;
   for (absl::string_view d : absl::StrSplit(devices, ',', absl::SkipWhitespace())) {
-    std::string device(absl::StripAsciiWhitespace(d));
-    if (device == "cpu") {
-      out.push_back(device);
-    } else if (absl::StartsWith(device, "cuda")) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--devices: \"", device, "\" needs a CUDA build of LibTorch; this build runs on cpu"));
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--devices: unknown device \"", device, "\" (expected cpu or cuda:N)"));
-    }
+    out.emplace_back(absl::StripAsciiWhitespace(d));
   }
   if (out.empty()) return absl::InvalidArgumentError("--devices is empty");
+  const bool cuda = std::any_of(out.begin(), out.end(),
+                                [](const std::string& d) { return absl::StartsWith(d, "cuda"); });
+  if (cuda && out.size() > 1) {
+    // TP collectives over CUDA tensors need NCCL process groups, which are
+    // not built yet; Gloo would stage every all-reduce through the host.
+    return absl::FailedPreconditionError(
+        absl::StrCat("--devices ", absl::StrJoin(out, ","),
+                     ": tensor parallelism across CUDA devices needs NCCL process groups, which "
+                     "this version does not have yet; serve on one CUDA device or on cpu ranks"));
+  }
+  for (std::string& device : out) {
+    if (device == "meta") {  // a test device, not one to serve on
+      return absl::InvalidArgumentError(
+          "--devices: unknown device \"meta\" (expected cpu, cuda or cuda:N)");
+    }
+    ASSIGN_OR_RETURN(torch::Device parsed, ParseDevice(device, "--devices"));
+    device = parsed.str();
+  }
   return out;
 }
 
@@ -123,6 +133,7 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
   options.capture_layer_ids = spec.capture_layer_ids;
   options.tp_size = world;
   options.ep_size = spec.ep_size;
+  options.device = spec.devices[0];
   if (world == 1) {
     ASSIGN_OR_RETURN(launched->runtime_, CreateTargetRuntime(spec.runtime, options));
     return launched;
@@ -151,7 +162,8 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
     args.insert(args.end(),
                 {"tp-worker", "--runtime", spec.runtime, "--model", spec.model_dir, "--dtype",
                  spec.dtype, "--rank", std::to_string(rank), "--world-size", std::to_string(world),
-                 "--ep", std::to_string(spec.ep_size), "--master-port", std::to_string(port)});
+                 "--ep", std::to_string(spec.ep_size), "--master-port", std::to_string(port),
+                 "--device", spec.devices[rank]});
     if (!spec.capture_layer_ids.empty()) {
       args.push_back("--capture-layers");
       args.push_back(absl::StrJoin(spec.capture_layer_ids, ","));
@@ -226,6 +238,7 @@ absl::Status RunTpWorker(const WorkerOptions& o) {
   options.tp_rank = o.rank;
   options.tp_size = o.world_size;
   options.ep_size = o.ep_size;
+  options.device = o.device;
   auto runtime = CreateTargetRuntime(o.runtime, options);
   if (!runtime.ok()) {
     std::string reason(runtime.status().message());

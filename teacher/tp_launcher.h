@@ -59,7 +59,8 @@ class LaunchedRuntime final {
 
 absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec& spec);
 
-// Parses "cpu,cpu" / "cuda:0,cuda:1"; refuses unknown or unavailable devices.
+// Parses "cpu,cpu" / "cuda:0"; refuses unknown or unavailable devices, and
+// more than one rank when any is a CUDA device (TP over NCCL is not built yet).
 absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices);
 
 struct WorkerOptions {
@@ -72,6 +73,7 @@ struct WorkerOptions {
   int ep_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  std::string device = "cpu";  // this rank's entry of the leader's --devices
 };
 
 // The body of `specstream-teacher tp-worker`: load, report, follow.

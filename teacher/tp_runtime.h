@@ -13,11 +13,10 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/hf_config.h"
+#include "common/torch/compat.h"
 #include "teacher/target_runtime.h"
 
 namespace specstream::teacher {
@@ -38,9 +37,14 @@ struct TargetRuntimeOptions {
   bool moe_per_token_loop = false;
   // Required when tp_size > 1, before Forward/RunFollower; may be attached
   // after Create (AttachGroup) so that loading errors surface first.
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<CommGroup> group;
   // Bound on attention score elements held at once (blockwise attention).
   int64_t max_score_elements = int64_t{1} << 22;
+  // Where this rank's weights live and its forward runs: "cpu", "cuda:N"
+  // (or "meta" in device-discipline tests). Requests arrive on the host and
+  // are moved there; captures come back on it (teacher/sample_tensors.cc
+  // copies them to the host for the payloads).
+  std::string device = "cpu";
 };
 
 // The leader/follower protocol, shared by the runtimes: a forward is
@@ -52,7 +56,7 @@ class TensorParallelRuntime : public TargetRuntime {
  public:
   // Rank 0: validates the request, broadcasts it to the followers, computes.
   absl::StatusOr<std::vector<SequenceCapture>> Forward(const ForwardRequest& request) final;
-  void AttachGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) {
+  void AttachGroup(c10::intrusive_ptr<CommGroup> group) {
     options_.group = std::move(group);
   }
   // Followers (tp_rank > 0): serve the leader's broadcasts until stopped.
@@ -65,13 +69,15 @@ class TensorParallelRuntime : public TargetRuntime {
   virtual const HfModelConfig& config() const = 0;
 
  protected:
-  // The forward every rank runs: `ids` int64 [N] holds the sequences back to
-  // back, `lengths` sums to N. Target ids are computed on rank 0 only.
+  // The forward every rank runs: `ids` int64 [N] (on the host) holds the
+  // sequences back to back, `lengths` sums to N. Target ids are computed on
+  // rank 0 only. Captures are on device_.
   virtual absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
                                                                const std::vector<int64_t>& lengths,
                                                                bool want_target_ids) = 0;
 
   TargetRuntimeOptions options_;
+  torch::Device device_ = torch::kCPU;  // options_.device, parsed at load
 
  private:
   bool followers_stopped_ = false;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/torch/compat.h"
 
 namespace specstream::nn {
 
@@ -108,7 +109,8 @@ absl::StatusOr<Rotary> Rotary::Create(int64_t dim, double theta, const RopeScali
 
 std::pair<torch::Tensor, torch::Tensor> Rotary::CosSin(const torch::Tensor& positions,
                                                        torch::Dtype dtype) const {
-  torch::Tensor freqs = torch::outer(positions.to(torch::kFloat32), inv_freq_);
+  torch::Tensor freqs =
+      torch::outer(positions.to(torch::kFloat32), inv_freq_.to(positions.device()));
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   return {(emb.cos() * attention_scaling_).to(dtype), (emb.sin() * attention_scaling_).to(dtype)};
 }
@@ -122,8 +124,27 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
   return x * cos + rotated * sin;
 }
 
+bool UsesFusedAttention(const AttentionOptions& options) {
+  return SPECSTREAM_TORCH_2 && options.fused && !options.sliding_window;
+}
+
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionOptions& options) {
+#if SPECSTREAM_TORCH_2
+  if (UsesFusedAttention(options)) {
+    // GQA by repeating k/v heads (linear memory), as transformers' sdpa path
+    // does: every backend takes equal head counts, while enable_gqa is not
+    // taken by all of them and the fallback materialises T x T scores.
+    const int64_t group = q.size(1) / k.size(1);
+    auto repeat = [&](const torch::Tensor& x) {
+      if (group == 1) return x;
+      const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+      return x.unsqueeze(2).expand({b, h, group, t, d}).reshape({b, h * group, t, d});
+    };
+    return at::scaled_dot_product_attention(q, repeat(k), repeat(v), /*attn_mask=*/std::nullopt,
+                                            /*dropout_p=*/0.0, /*is_causal=*/true, options.scale);
+  }
+#endif
   const int64_t batch = q.size(0), q_heads = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t kv_heads = k.size(1);
   const int64_t group = q_heads / kv_heads;
@@ -148,8 +169,9 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
     torch::Tensor scores = torch::matmul(qb, kb.transpose(-1, -2)) * options.scale;
     // Query i (absolute start + i) sees key j (absolute key_begin + j) iff
     // j <= i and, with a window, i - j < window.
-    torch::Tensor qi = torch::arange(start, keys_end, torch::kInt64).unsqueeze(1);
-    torch::Tensor kj = torch::arange(key_begin, keys_end, torch::kInt64).unsqueeze(0);
+    const auto positions = q.options().dtype(torch::kInt64);
+    torch::Tensor qi = torch::arange(start, keys_end, positions).unsqueeze(1);
+    torch::Tensor kj = torch::arange(key_begin, keys_end, positions).unsqueeze(0);
     torch::Tensor hidden = kj > qi;
     if (options.sliding_window) hidden = hidden | (qi - kj >= *options.sliding_window);
     scores =

@@ -38,7 +38,7 @@ class Rotary final {
                                        int64_t max_position_embeddings);
 
   // cos and sin [T, dim] (fp32 math, attention scaling applied, cast to
-  // `dtype`) for int64 positions [T].
+  // `dtype`) for int64 positions [T], on the positions' device.
   std::pair<torch::Tensor, torch::Tensor> CosSin(const torch::Tensor& positions,
                                                  torch::Dtype dtype) const;
 
@@ -63,11 +63,22 @@ struct AttentionOptions {
   // Upper bound on score elements held at once; query blocks are sized to
   // stay under it, so memory grows linearly with T.
   int64_t max_score_elements = int64_t{1} << 22;
+  // On LibTorch 2.x, without a sliding window: LibTorch's fused kernel
+  // (at::scaled_dot_product_attention: flash / memory-efficient on CUDA, a
+  // blocked kernel accumulating in fp32 on CPU). False, on 1.13 or with a
+  // window: the blockwise kernel below.
+  bool fused = true;
 };
 
-// Causal scaled-dot-product attention with GQA, computed blockwise over
-// queries: scores in the input dtype, softmax in fp32 and cast back (eager
-// HF numerics). Returns [B, Hq, T, D].
+// True when CausalAttention with these options runs LibTorch's fused kernel.
+bool UsesFusedAttention(const AttentionOptions& options);
+
+// Causal scaled-dot-product attention with GQA. q [B, Hq, T, D], k/v
+// [B, Hkv, T, D] with Hq a multiple of Hkv. Returns [B, Hq, T, D] in q's
+// dtype and on q's device. The blockwise kernel works over query blocks:
+// scores in the input dtype, softmax in fp32 and cast back (eager HF
+// numerics); the fused one keeps scores in fp32 (agrees within bf16
+// rounding).
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionOptions& options);
 

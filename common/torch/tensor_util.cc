@@ -55,15 +55,40 @@ torch::Tensor BorrowView(const TensorView& view) {
 }
 
 absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view,
-                                             std::optional<torch::Dtype> dtype) {
+                                             std::optional<torch::Dtype> dtype,
+                                             torch::Device device) {
   torch::Tensor out;
   absl::Status status = CatchTorch(absl::StrCat("tensor ", view.name), [&] {
     torch::Tensor borrowed = BorrowView(view);
-    out = dtype.has_value() ? borrowed.to(*dtype, /*non_blocking=*/false, /*copy=*/true)
-                            : borrowed.clone();
+    out = borrowed.to(device, dtype.value_or(borrowed.scalar_type()), /*non_blocking=*/false,
+                      /*copy=*/true);
   });
   if (!status.ok()) return status;
   return out;
+}
+
+absl::StatusOr<torch::Device> ParseDevice(const std::string& text, const std::string& what) {
+  const bool known = text == "cpu" || text == "meta" || text == "cuda" ||
+                     (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
+                      text.find_first_not_of("0123456789", 5) == std::string::npos);
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": unknown device \"", text, "\" (expected cpu, cuda or cuda:N)"));
+  }
+  torch::Device device(text);
+  if (device.is_cuda()) {
+    if (!torch::cuda::is_available()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": \"", text,
+                       "\" needs CUDA: this LibTorch is a CPU build or sees no CUDA device"));
+    }
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    if (device.has_index() && device.index() >= count) {
+      return absl::FailedPreconditionError(absl::StrCat(what, ": \"", text, "\" but only ",
+                                                        count, " CUDA device(s) are visible"));
+    }
+  }
+  return device;
 }
 
 TensorView ViewOf(std::string name, const torch::Tensor& t) {

@@ -20,9 +20,17 @@ namespace specstream {
 torch::Dtype ToTorchDtype(DType dtype);
 absl::StatusOr<DType> FromTorchDtype(torch::Dtype dtype);
 
-// Copies a view into a new tensor of `dtype` (the view's own when nullopt).
+// Copies a view into a new tensor of `dtype` (the view's own when nullopt)
+// on `device`: one copy, straight from the mapped file to the device.
 absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view,
-                                             std::optional<torch::Dtype> dtype = std::nullopt);
+                                             std::optional<torch::Dtype> dtype = std::nullopt,
+                                             torch::Device device = torch::kCPU);
+
+// "cpu", "cuda", "cuda:N" or "meta" (shape-only tensors, for device checks in
+// tests) as a torch::Device. InvalidArgument for anything else (naming
+// `what`, e.g. "--devices"); FailedPrecondition for a CUDA device that this
+// LibTorch or this machine does not have.
+absl::StatusOr<torch::Device> ParseDevice(const std::string& text, const std::string& what);
 
 // A non-owning torch view of a TensorView; valid while the view's file lives.
 // Read-only by contract (the mapping is PROT_READ).

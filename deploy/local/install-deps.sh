@@ -14,7 +14,11 @@ BUILD_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
   # libFuzzer targets (clang) and ICU (Unicode categories, NFC) for the tokenizer.
-  clang libicu-dev
+  clang libclang-rt-14-dev libicu-dev
+  # Multi-host tests: hosts made of network namespaces (ip), faults (nft
+  # loss, iptables NFQUEUE + libnetfilter-queue delay) and the harness's own
+  # reachability check (ping).
+  iproute2 nftables iptables libnetfilter-queue-dev iputils-ping
 )
 # What a container running the binaries needs (deploy/docker/Dockerfile).
 RUNTIME_PACKAGES=(

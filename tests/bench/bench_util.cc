@@ -5,12 +5,29 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <string>
 
 #include "common/offline_store.h"
 #include "common/torch/tensor_util.h"
 #include "teacher/dump.h"
 
 namespace specstream::bench {
+
+bool CpuHasBf16Matmul() {
+  static const bool has = [] {
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("flags", 0) == 0) {
+        return line.find(" avx512_bf16") != std::string::npos ||
+               line.find(" amx_bf16") != std::string::npos;
+      }
+    }
+    return false;
+  }();
+  return has;
+}
+
+const char* BenchDtypeName() { return CpuHasBf16Matmul() ? "bfloat16" : "float32"; }
 
 int64_t StatusKb(const char* key) {
   std::ifstream in("/proc/self/status");

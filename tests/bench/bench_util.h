@@ -17,6 +17,14 @@ int64_t StatusKb(const char* key);
 // The running executable's path.
 std::string SelfExe();
 
+// Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16 in
+// /proc/cpuinfo). Without it oneDNN emulates bf16 and is several times
+// slower than fp32, so the benchmarks train in fp32 there ("bf16 compute is
+// the fast path on CPU" holds only with it; DESIGN.md §8).
+bool CpuHasBf16Matmul();
+// "bfloat16" where CpuHasBf16Matmul, else "float32".
+const char* BenchDtypeName();
+
 struct SyntheticStore {
   int64_t hidden = 0;  // target hidden size
   int64_t vocab = 0;   // target vocab

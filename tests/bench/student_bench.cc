@@ -45,7 +45,7 @@ int RunChild(const std::string& dir, int64_t length, int ttt, int64_t draft_voca
   c.max_steps = 2;
   c.batch_size = 1;
   c.ttt_steps = ttt;
-  c.dtype = torch::kBFloat16;
+  c.dtype = specstream::bench::CpuHasBf16Matmul() ? torch::kBFloat16 : torch::kFloat32;
   c.log_every = 0;
   c.progress_terminal = 0;
   auto trainer = specstream::student::Trainer::Create(c, 0, 1, {});
@@ -71,8 +71,9 @@ bool WriteStore(const std::string& path, int64_t length) {
 
 double MatmulFlops() {
   torch::NoGradGuard no_grad;
-  torch::Tensor a = torch::randn({2048, kHidden}).to(torch::kBFloat16);
-  torch::Tensor b = torch::randn({2816, kHidden}).to(torch::kBFloat16);
+  const auto dtype = specstream::bench::CpuHasBf16Matmul() ? torch::kBFloat16 : torch::kFloat32;
+  torch::Tensor a = torch::randn({2048, kHidden}).to(dtype);
+  torch::Tensor b = torch::randn({2816, kHidden}).to(dtype);
   torch::linear(a, b);
   double best = 1e30;
   for (int r = 0; r < 3; ++r) {
@@ -136,8 +137,9 @@ int main(int argc, char** argv) {
   const double flops_per_token = 3.0 * ttt * (layer + head) + head;
 
   const std::string exe = specstream::bench::SelfExe();
-  std::printf("student_bench: draft hidden %ld, draft vocab %ld, K=%d, bf16; matmul %.1f GFLOP/s\n",
-              static_cast<long>(kHidden), static_cast<long>(draft_vocab), ttt, matmul / 1e9);
+  std::printf("student_bench: draft hidden %ld, draft vocab %ld, K=%d, %s; matmul %.1f GFLOP/s\n",
+              static_cast<long>(kHidden), static_cast<long>(draft_vocab), ttt,
+              specstream::bench::BenchDtypeName(), matmul / 1e9);
   std::printf("%8s %12s %14s %10s %12s\n", "tokens", "tokens/s", "step seconds", "fraction",
               "extra MiB");
   std::vector<double> extra;

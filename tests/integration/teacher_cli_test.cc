@@ -121,6 +121,17 @@ TEST_F(TeacherCliTest, ImpossibleLayoutsAndBadInputFailFastWithReasons) {
   EXPECT_NE(Stderr().find("outside the vocab"), std::string::npos) << Stderr();
   EXPECT_EQ(Run("forward --model " + dir_.Join("model") + " --devices gpu0 --ids 1"), 2);
   EXPECT_NE(Stderr().find("unknown device \"gpu0\""), std::string::npos) << Stderr();
+  EXPECT_EQ(Run("forward --model " + dir_.Join("model") + " --devices cuda:0,cuda:1 --ids 1"), 2);
+  EXPECT_NE(Stderr().find("tensor parallelism across CUDA devices needs NCCL process groups"),
+            std::string::npos)
+      << Stderr();
+  // One CUDA device serves where LibTorch has CUDA and a GPU; elsewhere it is
+  // refused by name.
+  if (const int rc = Run("forward --model " + dir_.Join("model") + " --devices cuda:0 --ids 1");
+      rc != 0) {
+    EXPECT_EQ(rc, 2);
+    EXPECT_NE(Stderr().find("\"cuda:0\" needs CUDA"), std::string::npos) << Stderr();
+  }
   EXPECT_EQ(Run("init-random --arch gpt2 --layers 2 --hidden 8 --heads 2 --kv-heads 2 "
                 "--intermediate 8 --vocab 8 --out " +
                 dir_.Join("x")),
@@ -226,6 +237,13 @@ TEST_F(TeacherCliTest, ServeStreamsSamplesAndExitsCleanlyOnSigterm) {
   ASSERT_GT(port, 0);
   EXPECT_NE(Stdout().find(absl::StrCat("listening on 127.0.0.1:", port)), std::string::npos)
       << Stdout();
+  // The binary re-executed itself with passive idle OpenMP workers
+  // (common/openmp_wait.h), the test's environment having chosen no policy.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    EXPECT_NE(testing::ReadFile(absl::StrCat("/proc/", pid, "/environ")).find(
+                  "OMP_WAIT_POLICY=PASSIVE"),
+              std::string::npos);
+  }
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);

@@ -9,7 +9,7 @@
 namespace specstream::testing {
 
 absl::Status RunOnRankThreads(
-    int world, const std::function<absl::Status(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn) {
+    int world, const std::function<absl::Status(int, c10::intrusive_ptr<CommGroup>)>& fn) {
   return RunOnRankHandles(
       world, [&](int rank, const ProcessGroupHandle& handle) { return fn(rank, handle.group); });
 }

@@ -5,7 +5,6 @@
 
 #include <functional>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "absl/status/status.h"
 #include "common/torch/process_group.h"
@@ -16,7 +15,7 @@ namespace specstream::testing {
 // an exception on a rank is that rank's failure; the first one is returned.
 absl::Status RunOnRankThreads(
     int world,
-    const std::function<absl::Status(int rank, c10::intrusive_ptr<c10d::ProcessGroup> group)>& fn);
+    const std::function<absl::Status(int rank, c10::intrusive_ptr<CommGroup> group)>& fn);
 
 // The same, handing each rank its whole handle (group and rendezvous store,
 // e.g. to create sub-groups).

@@ -10,7 +10,7 @@ absl::StatusOr<std::vector<teacher::SequenceCapture>> ForwardOnRankThreads(
     const teacher::ForwardRequest& request) {
   absl::StatusOr<std::vector<teacher::SequenceCapture>> got = absl::UnknownError("not run");
   absl::Status status = RunOnRankThreads(
-      tp_size, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
+      tp_size, [&](int rank, c10::intrusive_ptr<CommGroup> group) -> absl::Status {
         teacher::TargetRuntimeOptions mine = options;
         mine.tp_rank = rank;
         mine.tp_size = tp_size;

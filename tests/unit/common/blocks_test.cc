@@ -457,7 +457,33 @@ TEST(CausalAttentionTest, GqaHeadMappingMatchesRepeatKv) {
        {-2.1655795458451768, 0.8807970779778823},
        {2.7161809699149457, -0.48387389372549855}},
       {{-3.0, 1.0}, {0.5, 0.5}, {-0.7741462802635718, -0.10791138038134274}}};
-  ExpectAttention(CausalAttention(e.q, e.k, e.v, options), expected);
+  for (bool fused : {true, false}) {  // LibTorch's kernel (2.x) and the blockwise one
+    SCOPED_TRACE(fused ? "fused" : "blockwise");
+    options.fused = fused;
+    ExpectAttention(CausalAttention(e.q, e.k, e.v, options), expected);
+  }
+}
+
+TEST(CausalAttentionTest, FusedKernelAgreesWithBlockwise) {
+  AttentionOptions fused, blockwise;
+  fused.scale = blockwise.scale = 0.25;
+  blockwise.fused = false;
+  blockwise.max_score_elements = 2 * 8 * 70 * 16;  // several query blocks
+  if (!UsesFusedAttention(fused)) GTEST_SKIP() << "this LibTorch (1.13) has no fused attention";
+  EXPECT_FALSE(UsesFusedAttention(blockwise));
+  AttentionOptions window = fused;
+  window.sliding_window = 8;
+  EXPECT_FALSE(UsesFusedAttention(window)) << "windows stay blockwise";
+  torch::manual_seed(7);
+  // [B 2, Hq 8, T 70, D 16] against 2 kv heads (GQA 4).
+  torch::Tensor q = torch::randn({2, 8, 70, 16}), k = torch::randn({2, 2, 70, 16}),
+                v = torch::randn({2, 2, 70, 16});
+  torch::Tensor reference = CausalAttention(q, k, v, blockwise);
+  EXPECT_TRUE(torch::allclose(CausalAttention(q, k, v, fused), reference, 1e-5, 1e-5));
+  torch::Tensor bf16 = CausalAttention(q.to(torch::kBFloat16), k.to(torch::kBFloat16),
+                                       v.to(torch::kBFloat16), fused);
+  EXPECT_EQ(bf16.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(bf16.to(torch::kFloat32), reference, 3e-2, 3e-2));
 }
 
 TEST(CausalAttentionTest, SlidingWindowHidesKeysAtWindowDistance) {

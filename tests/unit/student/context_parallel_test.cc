@@ -112,9 +112,9 @@ TEST(CpLayoutTest, RefusesBadArguments) {
 // Multi-rank harness.
 
 // Runs fn(rank, group) on `cp` rank threads (exceptions become failures).
-absl::Status RunRanks(int cp, const std::function<void(int, c10d::ProcessGroup&)>& fn) {
+absl::Status RunRanks(int cp, const std::function<void(int, CommGroup&)>& fn) {
   return specstream::testing::RunOnRankThreads(
-      cp, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+      cp, [&](int rank, c10::intrusive_ptr<CommGroup> group) {
         fn(rank, *group);
         return absl::OkStatus();
       });
@@ -132,7 +132,7 @@ double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
 // owners receive gradients 2·x summed over both ranks: 4 and 8.
 TEST(SequenceAllGatherTest, TwoRankCheck) {
   std::vector<torch::Tensor> gathered(2), grads(2);
-  ASSERT_TRUE(RunRanks(2, [&](int rank, c10d::ProcessGroup& group) {
+  ASSERT_TRUE(RunRanks(2, [&](int rank, CommGroup& group) {
                 torch::Tensor x = torch::full({1, 1}, rank + 1.0, torch::kFloat32);
                 x.requires_grad_(true);
                 torch::Tensor g = SequenceAllGather(x, group);
@@ -167,7 +167,7 @@ TEST_P(SequenceAllGatherRandomTest, MatchesAnalyticGradient) {
     weights.push_back(torch::randn({2, cp * shard, 4, 5}).to(dtype));
   }
   std::vector<torch::Tensor> gathered(cp), grads(cp);
-  ASSERT_TRUE(RunRanks(cp, [&](int rank, c10d::ProcessGroup& group) {
+  ASSERT_TRUE(RunRanks(cp, [&](int rank, CommGroup& group) {
                 torch::Tensor x = locals[rank].clone().requires_grad_(true);
                 torch::Tensor g = SequenceAllGather(x, group);
                 (g * weights[rank]).sum().backward();
@@ -194,7 +194,7 @@ TEST_P(SequenceAllGatherRandomTest, MatchesAnalyticGradient) {
 
 TEST(SequenceAllGatherTest, EmptyShardsStayEmpty) {
   std::vector<torch::Tensor> gathered(2), grads(2);
-  const absl::Status status = RunRanks(2, [&](int rank, c10d::ProcessGroup& group) {
+  const absl::Status status = RunRanks(2, [&](int rank, CommGroup& group) {
     torch::Tensor x = torch::zeros({1, 0, 3}, torch::kFloat32).requires_grad_(true);
     torch::Tensor g = SequenceAllGather(x, group);
     g.sum().backward();
@@ -259,7 +259,7 @@ RingErrors CompareRing(const RingCase& c) {
   ((ref_out * out_weight).sum() + (ref_lse * lse_weight).sum()).backward();
 
   std::vector<RingErrors> errors(c.cp);
-  const absl::Status status = RunRanks(c.cp, [&](int rank, c10d::ProcessGroup& group) {
+  const absl::Status status = RunRanks(c.cp, [&](int rank, CommGroup& group) {
     auto shard = [&](const torch::Tensor& x) { return ShardSequence(x, 2, c.cp, rank); };
     torch::Tensor lq = shard(q).requires_grad_(true), lk = shard(k).requires_grad_(true),
                   lv = shard(v).requires_grad_(true);
@@ -421,7 +421,7 @@ TEST(UlyssesAllToAllTest, RoundTripAndGradientAreExact) {
   const torch::Tensor full = torch::randn({1, 4, 6, 3});
   ASSERT_TRUE(
       specstream::testing::RunOnRankThreads(u, [&](int rank,
-                                                   c10::intrusive_ptr<c10d::ProcessGroup> group) {
+                                                   c10::intrusive_ptr<CommGroup> group) {
         torch::Tensor x = ShardSequence(full, 2, u, rank).requires_grad_(true);
         torch::Tensor heads = SequenceToHeads(x, *group);
         // Rank r holds heads [2r, 2r+2) over the whole sequence.
@@ -461,7 +461,7 @@ TEST(CpLayoutTest, RankLayoutAndRefusals) {
 
 TEST(RingCausalAttentionShapeTest, RefusesMismatchedHeads) {
   ASSERT_TRUE(
-      RunRanks(1, [](int, c10d::ProcessGroup& group) {
+      RunRanks(1, [](int, CommGroup& group) {
         torch::Tensor q = torch::zeros({1, 3, 4, 8});
         torch::Tensor kv = torch::zeros({1, 2, 4, 8});
         try {

@@ -100,6 +100,7 @@ training: {max_steps: 100, batch_tokens: 8192}
   EXPECT_EQ(spec->training().log_every(), 1);
   EXPECT_EQ(spec->parallel().cp_size(), 1);
   EXPECT_EQ(spec->parallel().cp_mode(), "ring");
+  EXPECT_EQ(spec->parallel().rendezvous_timeout_s(), 120);
   // Validation is idempotent on a valid spec.
   v1::JobSpec again = *spec;
   ASSERT_TRUE(ValidateJobSpec(again).ok());
@@ -161,6 +162,9 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
       {"cp_mode: ring", "cp_mode: usp", "parallel.ulysses_degree"},
       {"cp_mode: ring", "cp_mode: ulysses\n  ulysses_degree: 1", "parallel.ulysses_degree"},
       {"cp_mode: ring", "cp_mode: ring\n  ulysses_degree: 2", "parallel.ulysses_degree"},
+      {"cp_mode: ring", "cp_mode: ring\n  rendezvous_timeout_s: -1", "parallel.rendezvous_timeout_s"},
+      {"cp_mode: ring", "cp_mode: ring\n  rendezvous_timeout_s: 1e9",
+       "parallel.rendezvous_timeout_s"},
       // Online data: teachers instead of a store.
       {"  store: /data/store\n", "  store: /data/store\n  teachers: [\"t:1\"]\n", "data.store"},
       {"  store: /data/store\n", "  teachers: [\"t:1\"]\n", "data.tokenized"},

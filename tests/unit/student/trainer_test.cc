@@ -97,7 +97,7 @@ TEST_P(TrainerDdpTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
   ddp_config.ddp_bucket_elements = GetParam();
   std::unique_ptr<Trainer> ranks[2];
   absl::Status status = specstream::testing::RunOnRankThreads(
-      2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
+      2, [&](int rank, c10::intrusive_ptr<CommGroup> group) -> absl::Status {
         auto trainer = Trainer::Create(ddp_config, rank, 2, group);
         if (!trainer.ok()) return trainer.status();
         absl::Status run = (*trainer)->RunSteps(20);
@@ -267,7 +267,7 @@ TEST_F(TrainerTest, TokenBudgetBatchesKeepEveryRankAndEpochInStep) {
   config.epochs = 3;
   std::unique_ptr<Trainer> ranks[2];
   absl::Status status = specstream::testing::RunOnRankThreads(
-      2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
+      2, [&](int rank, c10::intrusive_ptr<CommGroup> group) -> absl::Status {
         auto trainer = Trainer::Create(config, rank, 2, group);
         if (!trainer.ok()) return trainer.status();
         absl::Status run = (*trainer)->Run();

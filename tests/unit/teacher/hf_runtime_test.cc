@@ -19,10 +19,15 @@ namespace {
 using specstream::testing::TinyModelOptions;
 using specstream::testing::WriteTinyModel;
 
-std::unique_ptr<HfRuntime> Load(const std::string& dir, std::vector<int> capture = {}) {
+HfRuntimeOptions Fp32Options(const std::string& dir) {
   HfRuntimeOptions options;
   options.model_dir = dir;
   options.dtype = "float32";
+  return options;
+}
+
+std::unique_ptr<HfRuntime> Load(const std::string& dir, std::vector<int> capture = {}) {
+  HfRuntimeOptions options = Fp32Options(dir);
   options.capture_layer_ids = std::move(capture);
   auto runtime = HfRuntime::Create(options);
   EXPECT_TRUE(runtime.ok()) << runtime.status();
@@ -133,6 +138,7 @@ TEST(HfRuntimeTest, BlockwiseAttentionMatchesFullAttention) {
     small.scale = 0.3;
     small.sliding_window = window;
     small.max_score_elements = 16 * 2 * 4 * 37;  // 16-query blocks
+    small.fused = false;                         // the blockwise kernel itself
     nn::AttentionOptions big = small;
     big.max_score_elements = int64_t{1} << 30;
     torch::Tensor blocked = nn::CausalAttention(q, k, v, small);
@@ -146,6 +152,10 @@ TEST(HfRuntimeTest, BlockwiseAttentionMatchesFullAttention) {
         torch::matmul(torch::softmax(scores.masked_fill(hidden, -INFINITY), -1), vr);
     ExpectClose(blocked, reference, 1e-6);
     ExpectClose(nn::CausalAttention(q, k, v, big), reference, 1e-6);
+    // What the runtimes call: LibTorch's fused kernel on 2.x (no window).
+    nn::AttentionOptions runtime = small;
+    runtime.fused = true;
+    ExpectClose(nn::CausalAttention(q, k, v, runtime), reference, 1e-5);
   }
 }
 
@@ -209,7 +219,7 @@ TEST(HfRuntimeTest, BrokenCheckpointsAreRefusedByName) {
   options.model_dir = dir.path();
   options.tp_size = 3;
   options.tp_rank = 0;
-  options.group = c10::intrusive_ptr<c10d::ProcessGroup>();
+  options.group = c10::intrusive_ptr<CommGroup>();
   auto tp3 = HfRuntime::Create(options);
   ASSERT_FALSE(tp3.ok());
 
@@ -220,7 +230,7 @@ TEST(HfRuntimeTest, BrokenCheckpointsAreRefusedByName) {
   ASSERT_NE(at, std::string::npos);
   wrong.replace(at, std::string("\"intermediate_size\": ").size() + 2, "\"intermediate_size\": 96");
   specstream::testing::WriteFile(dir.Join("config.json"), wrong);
-  auto mismatch = HfRuntime::Create({dir.path(), "float32"});
+  auto mismatch = HfRuntime::Create(Fp32Options(dir.path()));
   ASSERT_FALSE(mismatch.ok());
   EXPECT_NE(mismatch.status().message().find("mlp.gate_proj.weight"), std::string::npos)
       << mismatch.status();
@@ -228,7 +238,7 @@ TEST(HfRuntimeTest, BrokenCheckpointsAreRefusedByName) {
 
   // A missing shard.
   std::filesystem::rename(dir.Join("model-00002-of-00002.safetensors"), dir.Join("moved"));
-  auto missing = HfRuntime::Create({dir.path(), "float32"});
+  auto missing = HfRuntime::Create(Fp32Options(dir.path()));
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("model-00002-of-00002"), std::string::npos)
       << missing.status();
@@ -236,7 +246,7 @@ TEST(HfRuntimeTest, BrokenCheckpointsAreRefusedByName) {
   std::string bytes = specstream::testing::ReadFile(dir.Join("moved"));
   specstream::testing::WriteFile(dir.Join("model-00002-of-00002.safetensors"),
                                  bytes.substr(0, bytes.size() - 10));
-  auto truncated = HfRuntime::Create({dir.path(), "float32"});
+  auto truncated = HfRuntime::Create(Fp32Options(dir.path()));
   ASSERT_FALSE(truncated.ok());
   EXPECT_NE(truncated.status().message().find("model-00002-of-00002"), std::string::npos)
       << truncated.status();

@@ -106,7 +106,7 @@ void ExpectDispatchMatches(int tp, int ep, int64_t tokens, torch::Dtype dtype, d
       PerTokenLoop(x.to(torch::kFloat32), Route(x, m.router.to(dtype), kTopK, true), all);
   std::vector<torch::Tensor> outputs(tp);
   absl::Status status = specstream::testing::RunOnRankThreads(
-      tp, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) -> absl::Status {
+      tp, [&](int rank, c10::intrusive_ptr<CommGroup> group) -> absl::Status {
         const ParallelLayout layout{rank, tp, ep};
         Experts mine = Slice(m, layout);
         mine.gate_up = mine.gate_up.to(dtype);

@@ -143,6 +143,42 @@ TEST(SglangRuntimeTest, SlidingWindowMatchesHf) {
             << "\n";
 }
 
+// In bfloat16 (a target's usual dtype) the two runtimes give the same
+// captures bit for bit, padded (hf) against packed (sglang): a draft trained
+// from either store is then the same draft (runtime_parity_test). This needs
+// hf's attention to run per sequence over padding, since both attention
+// kernels round by the key count.
+TEST(SglangRuntimeTest, Bfloat16CapturesEqualHfBitForBit) {
+  TempDir dir;
+  TinyModelOptions model;
+  model.arch = "qwen3";
+  model.layers = 8;
+  WriteTinyModel(dir.path(), model);
+  TargetRuntimeOptions options = Options(dir.path());
+  options.dtype = "bfloat16";
+  auto hf = HfRuntime::Create(options);
+  auto sglang = SglangRuntime::Create(options);
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  ASSERT_TRUE(sglang.ok()) << sglang.status();
+  const ForwardRequest request = SkewedRequest(model.vocab);
+  auto want = (*hf)->Forward(request);
+  auto got = (*sglang)->Forward(request);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t s = 0; s < want->size(); ++s) {
+    const SequenceCapture &g = (*got)[s], &w = (*want)[s];
+    ASSERT_EQ(w.aux_hidden.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(g.aux_hidden, w.aux_hidden))
+        << "sequence " << s << " aux_hidden differs by up to "
+        << RelDiff(g.aux_hidden, w.aux_hidden);
+    EXPECT_TRUE(torch::equal(g.last_hidden, w.last_hidden))
+        << "sequence " << s << " last_hidden differs by up to "
+        << RelDiff(g.last_hidden, w.last_hidden);
+    EXPECT_TRUE(torch::equal(g.target_ids, w.target_ids)) << "sequence " << s;
+  }
+}
+
 // Runs SkewedRequest packed and each of its sequences alone; expects the same
 // captures and prints the largest difference.
 void ExpectPackedEqualsOneAtATime(const TinyModelOptions& model, const std::string& what) {

@@ -1,0 +1,38 @@
+// Addresses of this host as other hosts see it. LibTorch-free: the student
+// daemon, the trainer's rendezvous and the teacher use it alike.
+#ifndef SPECSTREAM_COMMON_NET_ADDRESS_H_
+#define SPECSTREAM_COMMON_NET_ADDRESS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace specstream {
+
+// This machine's identity for same-host checks (two processes can share a
+// shared-memory ring only when both agree): the hostname and the kernel's
+// boot id (/proc/sys/kernel/random/boot_id). Empty when unavailable.
+std::string LocalHostname();
+std::string LocalBootId();
+
+struct HostPort {
+  std::string host;  // without IPv6 brackets
+  int port = 0;
+};
+
+// "host:port", "[v6]:port" or "v6-literal" forms of a gRPC target without a
+// scheme; InvalidArgument naming `field` when the port is missing or bad.
+absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_view field);
+
+// The local IP address the kernel's routing table picks to reach `remote` (a
+// name or an address literal): a UDP socket connected to it sends nothing,
+// and its local end is that address. This is the address a peer on
+// `remote`'s network reaches this host at, so each rank of a job binds its
+// own (torchrun users know it from GLOO_SOCKET_IFNAME). Unavailable, naming
+// `remote`, when the name does not resolve or no route leads there.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& remote);
+
+}  // namespace specstream
+
+#endif  // SPECSTREAM_COMMON_NET_ADDRESS_H_

@@ -1,0 +1,33 @@
+// What differs between the LibTorch versions SpecStream builds against
+// (cmake/TorchCompat.cmake checks which at configure time): 1.13 and 2.x.
+//
+// CommGroup is the c10d object that runs collectives: in 1.13 a
+// ProcessGroupGloo *is* a c10d::ProcessGroup; in 2.x it (and
+// ProcessGroupNCCL) is a c10d::Backend, and c10d::ProcessGroup is a
+// dispatcher-facing wrapper we do not need. Both have the same collective
+// calls (allreduce, broadcast, allgather, alltoall_base, send, recv,
+// barrier, getRank, getSize), so code written against CommGroup serves both.
+#ifndef SPECSTREAM_COMMON_TORCH_COMPAT_H_
+#define SPECSTREAM_COMMON_TORCH_COMPAT_H_
+
+#include <torch/version.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#define SPECSTREAM_TORCH_2 1
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#define SPECSTREAM_TORCH_2 0
+#endif
+
+namespace specstream {
+
+#if SPECSTREAM_TORCH_2
+using CommGroup = c10d::Backend;
+#else
+using CommGroup = c10d::ProcessGroup;
+#endif
+
+}  // namespace specstream
+
+#endif  // SPECSTREAM_COMMON_TORCH_COMPAT_H_
