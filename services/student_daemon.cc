@@ -353,6 +353,10 @@ struct StudentDaemon::Impl {
       RankProcessOptions process;
       process.argv = {options.train_executable, "train", "--config", config};
       if (a.resume()) process.argv.push_back("--resume");
+      if (!options.devices.empty()) {
+        process.argv.push_back("--device");
+        process.argv.push_back(options.devices.front());
+      }
       const std::string master_addr = a.master_addr().empty() ? options.host : a.master_addr();
       process.env = {
           absl::StrCat("RANK=", a.rank()),

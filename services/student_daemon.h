@@ -53,7 +53,9 @@ struct StudentDaemonOptions {
   int metrics_port = -1;                // Prometheus /metrics; -1: off, 0: any
   std::string metrics_port_file;        // written with the bound port when set
   std::string workdir = "specstream-student-work";
-  std::vector<std::string> devices;  // reported in DaemonInfo
+  // Reported in DaemonInfo; its rank trains on the first (train --device),
+  // else on training.device.
+  std::vector<std::string> devices;
   // The trainer binary; default: this executable (/proc/self/exe).
   std::string train_executable;
   // Seconds a stopped rank gets between SIGTERM and SIGKILL (also how long

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/torch/process_group.h"
+#include "student/ttt_attention.h"
 
 namespace specstream::student {
 namespace {
@@ -27,9 +28,11 @@ CommGroup& GroupFrom(AutogradContext* ctx) {
   return *static_cast<CommGroup*>(ctx->saved_data["group"].toCapsule().get());
 }
 
-// Gloo all-reduces neither bf16 nor fp16: those go over the wire as fp32.
-torch::ScalarType WireType(torch::ScalarType type) {
-  return type == torch::kBFloat16 || type == torch::kFloat16 ? torch::kFloat32 : type;
+// Two-byte floats are moved (never summed) as their bytes: exact, in the
+// tensor's own width, and every backend moves bytes.
+torch::Tensor AsWire(const torch::Tensor& x) {
+  torch::Tensor wire = x.contiguous();
+  return wire.element_size() == 2 && wire.is_floating_point() ? wire.view(torch::kUInt8) : wire;
 }
 
 // ---------------------------------------------------------------------------
@@ -48,29 +51,33 @@ class SequenceAllGatherFunction final
     // Same shape on every rank, so an empty shard is empty everywhere and no
     // rank communicates.
     if (local.numel() == 0) return torch::zeros(shape, local.options());
-    torch::Tensor wire = local.to(WireType(local.scalar_type())).contiguous();
+    torch::Tensor wire = AsWire(local);
     std::vector<std::vector<torch::Tensor>> outputs(1);
     for (int i = 0; i < cp; ++i) outputs[0].push_back(torch::empty_like(wire));
     std::vector<torch::Tensor> inputs{wire};
     group->allgather(outputs, inputs)->wait();
-    return torch::cat(outputs[0], 1).to(local.scalar_type());
+    torch::Tensor gathered = torch::cat(outputs[0], 1);
+    return wire.scalar_type() == local.scalar_type() ? gathered
+                                                     : gathered.view(local.scalar_type());
   }
 
   // Padded reduce-scatter(SUM): every rank's gathered copy received a
-  // gradient; the owner of rows [r·Tpad, (r+1)·Tpad) gets their sum. Gloo has
-  // no reduce_scatter, so all ranks all-reduce the whole gradient and slice
-  // (cp× the traffic of a true reduce-scatter; the gathered tensors are the
-  // fc-projected H-wide features, so this stays small).
+  // gradient; the owner of rows [r·Tpad, (r+1)·Tpad) gets their sum
+  // (ReduceScatterSum: the real collective on NCCL and on Gloo from LibTorch
+  // 2.x, all_reduce + slice on Gloo in 1.13).
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     CommGroup& group = GroupFrom(ctx);
     const int64_t shard = ctx->saved_data["shard"].toInt();
     const torch::Tensor& grad = grad_outputs[0];
     if (grad.numel() == 0) return {grad.narrow(1, 0, shard), torch::Tensor()};
-    torch::Tensor sum =
-        grad.to(WireType(grad.scalar_type()), /*non_blocking=*/false, /*copy=*/true).contiguous();
-    const absl::Status status = AllReduceSum(group, sum);
-    TORCH_CHECK(status.ok(), "SequenceAllGather backward: ", status.ToString());
-    return {sum.narrow(1, group.getRank() * shard, shard).to(grad.scalar_type()), torch::Tensor()};
+    // [B, cp·Tpad, ...] -> [cp, B, Tpad, ...]: rank r's rows first along dim 0.
+    std::vector<int64_t> split = grad.sizes().vec();
+    split[1] = shard;
+    split.insert(split.begin() + 1, group.getSize());
+    torch::Tensor parts = grad.reshape(split).transpose(0, 1).contiguous();
+    absl::StatusOr<torch::Tensor> mine = ReduceScatterSum(group, parts.flatten(0, 1));
+    TORCH_CHECK(mine.ok(), "SequenceAllGather backward: ", mine.status().ToString());
+    return {mine->view(parts.sizes().slice(1)), torch::Tensor()};
   }
 };
 
@@ -111,10 +118,9 @@ torch::Tensor BlockScores(const torch::Tensor& qb, const torch::Tensor& kb, int6
                           int64_t ks, int64_t lk, bool diagonal, double scale, const Dims& dims) {
   torch::Tensor s = torch::matmul(qb, kb.transpose(-1, -2)).mul_(scale);
   if (diagonal && ks + lk - 1 > qs) {
-    torch::Tensor rows = torch::arange(qs, qs + len, torch::kInt64).unsqueeze(1);
-    torch::Tensor cols = torch::arange(ks, ks + lk, torch::kInt64).unsqueeze(0);
     s.view({dims.batch, dims.kv_heads, dims.group, len, lk})
-        .masked_fill_(cols > rows, -std::numeric_limits<double>::infinity());
+        .masked_fill_(CausalHidden(qs, len, ks, lk, s.device()),
+                      -std::numeric_limits<double>::infinity());
   }
   return s;
 }
@@ -201,24 +207,35 @@ void BlockBackward(const torch::Tensor& q5, const torch::Tensor& do5, const torc
 }
 
 // One ring hop: send `out` to the next rank, receive `in` from the previous
-// one (non-blocking both ways; wait on both before reusing either buffer).
+// one (non-blocking both ways; wait before reusing either buffer). The send
+// and the receive go out as one batch where the backend needs it (NCCL:
+// one group call, as batch_isend_irecv does; separate point-to-point calls
+// there would each wait for their peer, and with cp > 2 the ring would
+// deadlock). Gloo's send and recv are asynchronous already.
 class RingHop final {
  public:
   RingHop(CommGroup& group, const torch::Tensor& out, torch::Tensor& in, int tag) {
     const int rank = group.getRank(), cp = group.getSize();
     send_buffers_ = {out};
     recv_buffers_ = {in};
+    const bool batch = CoalescesPointToPoint(group);
+    if (batch) StartCoalescing(group);
     send_ = group.send(send_buffers_, (rank + 1) % cp, tag);
     recv_ = group.recv(recv_buffers_, (rank + cp - 1) % cp, tag);
+    if (batch) batch_ = EndCoalescing(group);
   }
   void Wait() {
+    if (batch_) {
+      batch_->wait();
+      return;
+    }
     recv_->wait();
     send_->wait();
   }
 
  private:
   std::vector<torch::Tensor> send_buffers_, recv_buffers_;
-  c10::intrusive_ptr<c10d::Work> send_, recv_;
+  c10::intrusive_ptr<c10d::Work> send_, recv_, batch_;
 };
 
 // Tags: forward K/V hops use [base, base + cp), backward K/V hops
@@ -343,9 +360,8 @@ class RingCausalAttentionFunction final
 // group rank i, and chunk i of the result came from group rank i. Two-byte
 // floats travel as bytes (Gloo moves them bit-exactly that way).
 torch::Tensor AllToAll(const torch::Tensor& chunks, CommGroup& group) {
-  torch::Tensor wire = chunks.contiguous();
-  const bool as_bytes = wire.element_size() == 2;
-  if (as_bytes) wire = wire.view(torch::kUInt8);
+  torch::Tensor wire = AsWire(chunks);
+  const bool as_bytes = wire.scalar_type() != chunks.scalar_type();
   torch::Tensor out = torch::empty_like(wire);
   if (wire.numel() > 0) {
     std::vector<int64_t> equal_split;
@@ -498,9 +514,11 @@ torch::Tensor ShardSequence(const torch::Tensor& full, int64_t dim, int64_t cp_s
   return torch::cat({real, torch::zeros(pad_shape, full.options())}, dim);
 }
 
-torch::Tensor ShardValidMask(int64_t total_length, int64_t cp_size, int64_t cp_rank) {
+torch::Tensor ShardValidMask(int64_t total_length, int64_t cp_size, int64_t cp_rank,
+                             torch::Device device) {
   const CpShard shard = ShardRange(total_length, cp_size, cp_rank);
-  return torch::arange(shard.padded_length, torch::kInt64) < shard.length;
+  return torch::arange(shard.padded_length, torch::TensorOptions(torch::kInt64).device(device)) <
+         shard.length;
 }
 
 torch::Tensor SequenceAllGather(const torch::Tensor& local, CommGroup& cp_group) {
@@ -553,8 +571,8 @@ absl::Status ValidateCpLayout(const CpLayout& layout, int64_t q_heads, int64_t k
 
 absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
                                         const c10::intrusive_ptr<c10d::Store>& store,
-                                        const std::string& host,
-                                        std::chrono::milliseconds timeout) {
+                                        const std::string& host, std::chrono::milliseconds timeout,
+                                        torch::Device device) {
   CpGroups groups;
   if (layout.cp_size == 1) return groups;
   if (!store) return absl::InvalidArgumentError("context parallelism needs the rendezvous store");
@@ -565,9 +583,8 @@ absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
     options.world_size = size;
     options.local_addr = host;
     options.timeout = timeout;
-    auto handle = CreateGlooGroup(options, c10::make_intrusive<c10d::PrefixStore>(prefix, store));
-    if (!handle.ok()) return handle.status();
-    return handle->group;
+    return CreateDeviceGroup(options, c10::make_intrusive<c10d::PrefixStore>(prefix, store),
+                             device);
   };
   // Group names are unique per (kind, dp rank, index), so each member set
   // meets under its own prefix of the shared store.

@@ -60,16 +60,21 @@ CpShard ShardRange(int64_t total_length, int64_t cp_size, int64_t cp_rank);
 torch::Tensor ShardSequence(const torch::Tensor& full, int64_t dim, int64_t cp_size,
                             int64_t cp_rank);
 
-// True for the real rows of this rank's shard: a bool tensor [padded_length].
-torch::Tensor ShardValidMask(int64_t total_length, int64_t cp_size, int64_t cp_rank);
+// True for the real rows of this rank's shard: a bool tensor [padded_length]
+// on `device`.
+torch::Tensor ShardValidMask(int64_t total_length, int64_t cp_size, int64_t cp_rank,
+                             torch::Device device = torch::kCPU);
 
 // local: [B, Tpad, ...], this rank's shard (the same shape on every rank).
 // Returns [B, cp_size * Tpad, ...]: the shards in rank order (padding rows
 // included; narrow dim 1 to T for the real sequence). Differentiable: the
 // gradient of a shard is the SUM over ranks of the gradients of its rows in
-// every rank's gathered copy (all_reduce + slice). bf16/fp16 travel as fp32;
-// the result and the gradient keep the input dtype. Throws c10::Error on a
-// communication failure or a tensor with fewer than two dims.
+// every rank's gathered copy (ReduceScatterSum: a real reduce-scatter on
+// NCCL and on Gloo from LibTorch 2.x, all_reduce + slice on Gloo in 1.13).
+// bf16/fp16 are gathered as their bytes and summed natively where the group
+// can (fp32 otherwise); the result and the gradient keep the input dtype.
+// Throws c10::Error on a communication failure or a tensor with fewer than
+// two dims.
 torch::Tensor SequenceAllGather(const torch::Tensor& local, CommGroup& cp_group);
 
 struct RingAttentionOptions {
@@ -143,13 +148,15 @@ struct CpGroups {
   c10::intrusive_ptr<CommGroup> ring;
 };
 
-// Creates this rank's Ulysses and ring groups (Gloo) over prefixes of the
-// world's rendezvous store. Collective: every world rank must call it with
-// the same layout. `host` is this rank's own address, which Gloo binds for
-// its connections (ResolveLocalAddress).
+// Creates this rank's Ulysses and ring groups over prefixes of the world's
+// rendezvous store, for tensors on `device` (Gloo on CPU, NCCL on CUDA:
+// CreateDeviceGroup). Collective: every world rank must call it with the
+// same layout. `host` is this rank's own address, which the groups bind
+// for their connections (ResolveLocalAddress).
 absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
                                         const c10::intrusive_ptr<c10d::Store>& store,
-                                        const std::string& host, std::chrono::milliseconds timeout);
+                                        const std::string& host, std::chrono::milliseconds timeout,
+                                        torch::Device device = torch::kCPU);
 
 // ---------------------------------------------------------------------------
 // Ulysses: all-to-all between sequence and head sharding.

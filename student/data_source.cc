@@ -118,11 +118,14 @@ DraftBatch CollateShard(const std::vector<TrainingSample>& samples, int64_t max_
   const TrainingSample& first = samples.front();
   DraftBatch batch;
   batch.offset = offset;
-  batch.input_ids = torch::zeros({b, te}, torch::kInt64);
-  batch.loss_mask = torch::zeros({b, te}, torch::kUInt8);
+  // On the samples' device (the host, or a GPU for payloads that arrived
+  // there).
+  const torch::TensorOptions on = first.input_ids.options();
+  batch.input_ids = torch::zeros({b, te}, on.dtype(torch::kInt64));
+  batch.loss_mask = torch::zeros({b, te}, on.dtype(torch::kUInt8));
   batch.aux_hidden = torch::zeros({b, rows, first.aux_hidden.size(1)}, first.aux_hidden.options());
   batch.last_hidden = torch::zeros({b, te, first.last_hidden.size(1)}, first.last_hidden.options());
-  if (first.target_ids.defined()) batch.target_ids = torch::zeros({b, te}, torch::kInt64);
+  if (first.target_ids.defined()) batch.target_ids = torch::zeros({b, te}, on.dtype(torch::kInt64));
   for (int64_t i = 0; i < b; ++i) {
     const TrainingSample& s = samples[i];
     // Rows of the window [offset, offset + te) that hold sample tokens,
@@ -139,7 +142,16 @@ DraftBatch CollateShard(const std::vector<TrainingSample>& samples, int64_t max_
     copy(batch.last_hidden, s.last_hidden, te);
     if (batch.target_ids.defined()) copy(batch.target_ids, s.target_ids, te);
   }
-  batch.lengths = torch::tensor(lengths, torch::kInt64);
+  batch.lengths = CopyToDevice(torch::tensor(lengths, torch::kInt64), on.device());
+  batch.host_lengths = std::move(lengths);
+  return batch;
+}
+
+DraftBatch ToDevice(DraftBatch batch, torch::Device device) {
+  for (torch::Tensor* t : {&batch.input_ids, &batch.loss_mask, &batch.aux_hidden,
+                           &batch.last_hidden, &batch.target_ids, &batch.lengths}) {
+    if (t->defined()) *t = CopyToDevice(*t, device);
+  }
   return batch;
 }
 

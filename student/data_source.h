@@ -107,6 +107,10 @@ DraftBatch Collate(const std::vector<TrainingSample>& samples, int64_t max_lengt
 DraftBatch CollateShard(const std::vector<TrainingSample>& samples, int64_t max_length,
                         int64_t offset, int64_t rows, int64_t halo);
 
+// The batch on `device` (tensors already there stay; host tensors are
+// copied asynchronously through pinned memory: CopyToDevice).
+DraftBatch ToDevice(DraftBatch batch, torch::Device device);
+
 }  // namespace specstream::student
 
 #endif  // SPECSTREAM_STUDENT_DATA_SOURCE_H_

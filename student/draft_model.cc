@@ -44,7 +44,8 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(const DraftShap
                                                                  const std::string& target_dir,
                                                                  const VocabMap& vocab_map,
                                                                  uint64_t seed,
-                                                                 bool need_full_lm_head) {
+                                                                 bool need_full_lm_head,
+                                                                 torch::Device device) {
   const DraftShape& s = shape;
   auto positive = [](const char* field, int64_t v) -> absl::Status {
     if (v > 0) return absl::OkStatus();
@@ -84,20 +85,20 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(const DraftShap
     return absl::InvalidArgumentError(
         "target model.embed_tokens.weight does not match [vocab, hidden]");
   }
-  ASSIGN_OR_RETURN(draft->embed_, TensorFromView(embed_view, torch::kFloat32));
+  ASSIGN_OR_RETURN(draft->embed_, TensorFromView(embed_view, torch::kFloat32, device));
   torch::Tensor lm_head = draft->embed_;
   if (checkpoint->Contains("lm_head.weight")) {
     ASSIGN_OR_RETURN(TensorView head_view, checkpoint->Get("lm_head.weight"));
     if (head_view.shape != std::vector<int64_t>{V, Ht}) {
       return absl::InvalidArgumentError("target lm_head.weight does not match [vocab, hidden]");
     }
-    ASSIGN_OR_RETURN(lm_head, TensorFromView(head_view, torch::kFloat32));
+    ASSIGN_OR_RETURN(lm_head, TensorFromView(head_view, torch::kFloat32, device));
   }
-  torch::Tensor used = torch::tensor(vocab_map.used, torch::kInt64);
+  torch::Tensor used = torch::tensor(vocab_map.used, torch::kInt64).to(device);
   draft->teacher_head_ = lm_head.index_select(0, used).contiguous();
   if (need_full_lm_head) draft->full_lm_head_ = lm_head;
   draft->t2d_ = torch::tensor(std::vector<int64_t>(vocab_map.t2d.begin(), vocab_map.t2d.end()))
-                    .to(torch::kBool);
+                    .to(device, torch::kBool);
 
   // HF-style init: linears N(0, 0.02), norms 1; the draft lm_head starts from
   // the target's rows of the draft vocab (the distribution it imitates).
@@ -120,6 +121,9 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(const DraftShap
   draft->Add("midlayer.post_attention_layernorm.weight", torch::ones({H}));
   draft->Add("norm.weight", torch::ones({H}));
   draft->Add("lm_head.weight", draft->teacher_head_.clone());
+  for (auto& [name, p] : draft->params_) {
+    p = p.detach().to(device).set_requires_grad(true);
+  }
   ASSIGN_OR_RETURN(auto rotary,
                    nn::Rotary::Create(D, s.rope_theta, s.rope_scaling, s.max_position_embeddings));
   draft->rotary_.emplace(std::move(rotary));
@@ -133,7 +137,7 @@ torch::Tensor Eagle3Draft::TeacherArgmax(const DraftBatch& batch) const {
   torch::Tensor last = batch.last_hidden.to(torch::kFloat32);
   const int64_t b = last.size(0), t = last.size(1);
   torch::Tensor flat = last.reshape({b * t, -1});
-  torch::Tensor out = torch::empty({b * t}, torch::kInt64);
+  torch::Tensor out = torch::empty({b * t}, flat.options().dtype(torch::kInt64));
   constexpr int64_t kRows = 256;
   for (int64_t r = 0; r < b * t; r += kRows) {
     int64_t rows = std::min(kRows, b * t - r);
@@ -150,26 +154,24 @@ torch::Tensor Eagle3Draft::ValidMask(const DraftBatch& batch, const torch::Tenso
                                      int k) const {
   const int64_t t = batch.aux_hidden.size(1);
   torch::Tensor positions =
-      torch::arange(batch.offset, batch.offset + t, torch::kInt64).unsqueeze(0);
+      torch::arange(batch.offset, batch.offset + t, batch.lengths.options()).unsqueeze(0);
   torch::Tensor in_range = (positions + k + 1) < batch.lengths.unsqueeze(1);
   torch::Tensor mask = Ahead(batch.loss_mask.to(torch::kBool), k, t);
   return in_range & mask & Ahead(in_vocab, k + 1, t);
 }
 
-std::vector<int64_t> Eagle3Draft::CountValid(const DraftBatch& batch, int ttt_steps) const {
+torch::Tensor Eagle3Draft::CountValid(const DraftBatch& batch, int ttt_steps) const {
   torch::NoGradGuard no_grad;
   torch::Tensor in_vocab = InDraftVocab(batch);
-  std::vector<int64_t> counts;
-  for (int k = 0; k < ttt_steps; ++k) {
-    counts.push_back(ValidMask(batch, in_vocab, k).sum().item<int64_t>());
-  }
-  return counts;
+  std::vector<torch::Tensor> counts;
+  for (int k = 0; k < ttt_steps; ++k) counts.push_back(ValidMask(batch, in_vocab, k).sum());
+  return torch::stack(counts);
 }
 
 absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt_steps,
-                                                const std::vector<int64_t>& valid_denominators,
+                                                const torch::Tensor& valid_denominators,
                                                 torch::Dtype cd, const DraftParallel& parallel) {
-  if (static_cast<int>(valid_denominators.size()) != ttt_steps) {
+  if (valid_denominators.dim() != 1 || valid_denominators.size(0) != ttt_steps) {
     return absl::InvalidArgumentError("one valid-position denominator per TTT step is required");
   }
   TttOutputs out;
@@ -180,7 +182,11 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
     const int64_t b = batch.input_ids.size(0), t = batch.aux_hidden.size(1);
     const int64_t te = batch.input_ids.size(1);
     TORCH_CHECK(te >= t, "draft forward: per-token inputs have fewer rows than aux_hidden");
-    const int64_t longest = b > 0 ? batch.lengths.max().item<int64_t>() : 0;
+    const int64_t longest =
+        b > 0 ? *std::max_element(batch.host_lengths.begin(), batch.host_lengths.end()) : 0;
+    TORCH_CHECK(static_cast<int64_t>(batch.host_lengths.size()) == b,
+                "draft forward: host_lengths has ", batch.host_lengths.size(), " entries for ", b,
+                " samples");
     const int64_t A = s.num_attention_heads, B = s.num_key_value_heads, D = s.head_dim;
     const double eps = s.rms_norm_eps;
     auto P = [&](const char* name) { return parameter(name).to(cd); };
@@ -209,12 +215,17 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
     }
     torch::Tensor h = torch::linear(batch.aux_hidden.to(cd), P("fc.weight"));
     auto [cos_all, sin_all] = rotary_->CosSin(
-        torch::arange(batch.offset, batch.offset + t + ttt_steps, torch::kInt64), cd);
+        torch::arange(batch.offset, batch.offset + t + ttt_steps, batch.lengths.options()), cd);
     torch::Tensor k0, v0;
     std::vector<torch::Tensor> diag_k, diag_v;
     TttAttentionOptions attention;
     attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
-    torch::Tensor weighted = torch::zeros({}, torch::kFloat32);
+    // Step k's loss weighs 0.8^k / max(1, global valid count at k), the
+    // division in float64 on the device (no count is read back).
+    const torch::Tensor denominators = valid_denominators.clamp_min(1).to(torch::kFloat64);
+    torch::Tensor weighted = torch::zeros({}, h.options().dtype(torch::kFloat32));
+    const torch::Tensor none = torch::zeros({}, valid_denominators.options());
+    std::vector<torch::Tensor> loss_sums, corrects, valids;
     double decay = 1.0;
 
     for (int k = 0; k < ttt_steps; ++k) {
@@ -272,29 +283,33 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
       // only rows before longest-k-1 can be valid. The teacher rows needed,
       // up to rows+k+1, lie within the halo.
       const int64_t rows = std::clamp<int64_t>(longest - batch.offset - k - 1, 0, t);
-      const double denominator = static_cast<double>(std::max<int64_t>(1, valid_denominators[k]));
       if (rows > 0) {
         torch::Tensor valid = ValidMask(batch, in_vocab, k).narrow(1, 0, rows);
         SoftCrossEntropyResult ce =
             FusedSoftCrossEntropy(nn::RmsNorm(h_next, norm, eps).narrow(1, 0, rows), head,
                                   teacher_logp.narrow(1, k + 1, rows),
                                   teacher_argmax.narrow(1, k + 1, rows), valid.to(torch::kFloat32));
-        weighted = weighted + ce.loss * (decay / denominator);
-        out.correct.push_back(ce.correct.item<int64_t>());
-        out.valid.push_back(valid.sum().item<int64_t>());
-        out.loss_sum.push_back(ce.loss.item<double>());
+        const torch::Tensor scale =
+            torch::full({}, decay, denominators.options()) / denominators[k];
+        weighted = weighted + ce.loss * scale.to(torch::kFloat32);
+        corrects.push_back(ce.correct);
+        valids.push_back(valid.sum());
+        loss_sums.push_back(ce.loss.detach().to(torch::kFloat64));
       } else {
         // Nothing to predict from these rows, but the step stays in the
         // graph: under CP every rank must run the same backward collectives.
         weighted = weighted + h_next.sum().to(torch::kFloat32) * 0.0;
-        out.correct.push_back(0);
-        out.valid.push_back(0);
-        out.loss_sum.push_back(0.0);
+        corrects.push_back(none);
+        valids.push_back(none);
+        loss_sums.push_back(none.to(torch::kFloat64));
       }
       decay *= 0.8;
       h = h_next;
     }
     out.weighted_loss = weighted;
+    out.loss_sum = torch::stack(loss_sums);
+    out.correct = torch::stack(corrects);
+    out.valid = torch::stack(valids);
   });
   if (!status.ok()) return status;
   return out;

@@ -53,6 +53,9 @@ struct DraftShape {
 // (the TTT unroll at step k reads ids, loss mask and teacher targets k+1
 // positions ahead, which may lie in the next shard). Without CP, offset = 0
 // and halo = 0. Rows past a sample's length are zero.
+// Every tensor is on one device (the trainer's); `host_lengths` repeats
+// `lengths` on the host, so that shapes and token counts never wait for the
+// device.
 struct DraftBatch {
   torch::Tensor input_ids;    // [B, T + halo] int64
   torch::Tensor loss_mask;    // [B, T + halo] uint8 (0 on padding)
@@ -60,6 +63,7 @@ struct DraftBatch {
   torch::Tensor last_hidden;  // [B, T + halo, Ht]
   torch::Tensor target_ids;   // [B, T + halo] int64 full-vocab argmax, or undefined
   torch::Tensor lengths;      // [B] int64: each sample's whole (global) length
+  std::vector<int64_t> host_lengths;  // the same B lengths
   int64_t offset = 0;         // global position of row 0
 };
 
@@ -72,39 +76,47 @@ struct DraftParallel {
   CommGroup* ring = nullptr;
 };
 
-// Per-step sums over this rank's valid positions; the trainer all-reduces
-// them before normalising.
+// Per-step sums over this rank's valid positions, on the batch's device
+// (nothing is read back to the host); the trainer all-reduces them before
+// normalising.
 struct TttOutputs {
-  torch::Tensor weighted_loss;   // scalar: Σ_k 0.8^k · Σ_valid CE_k / denominators
-  std::vector<double> loss_sum;  // per step: Σ_valid CE (before normalisation)
-  std::vector<int64_t> correct;  // per step: draft argmax == teacher argmax
-  std::vector<int64_t> valid;    // per step: valid positions on this rank
+  torch::Tensor weighted_loss;  // float32 scalar: Σ_k 0.8^k · Σ_valid CE_k / denominators
+  torch::Tensor loss_sum;       // float64 [K]: Σ_valid CE per step (before normalisation)
+  torch::Tensor correct;        // int64 [K]: draft argmax == teacher argmax
+  torch::Tensor valid;          // int64 [K]: valid positions on this rank
 };
 
 class Eagle3Draft final {
  public:
-  // Random init (seeded), frozen tensors from the target checkpoint.
+  // Random init (seeded, on the host, so every device starts from the same
+  // weights), frozen tensors from the target checkpoint; everything then
+  // lives on `device`.
   static absl::StatusOr<std::unique_ptr<Eagle3Draft>> Create(const DraftShape& shape,
                                                              const std::string& target_dir,
                                                              const VocabMap& vocab_map,
-                                                             uint64_t seed, bool need_full_lm_head);
+                                                             uint64_t seed, bool need_full_lm_head,
+                                                             torch::Device device = torch::kCPU);
 
-  // The TTT unroll over `ttt_steps` steps. `valid_denominators[k]` is the
-  // global (all ranks) count of valid positions at step k, so that the loss
-  // is normalised exactly as on one rank. `compute_dtype` is float32 or
-  // bfloat16 (parameters are cast; masters stay fp32). Under context
-  // parallelism `batch` is this rank's shard with a halo of >= ttt_steps rows
-  // and `parallel` names the groups; outputs cover the shard's own rows.
+  // The TTT unroll over `ttt_steps` steps, on the device of the draft (the
+  // batch must be there too). `valid_denominators` (int64 [K], same device)
+  // holds the global (all ranks) count of valid positions at each step k, so
+  // that the loss is normalised exactly as on one rank. `compute_dtype` is
+  // float32 or bfloat16 (parameters are cast; masters stay fp32). Under
+  // context parallelism `batch` is this rank's shard with a halo of >=
+  // ttt_steps rows and `parallel` names the groups; outputs cover the
+  // shard's own rows. Reads nothing back from the device.
   absl::StatusOr<TttOutputs> Forward(const DraftBatch& batch, int ttt_steps,
-                                     const std::vector<int64_t>& valid_denominators,
+                                     const torch::Tensor& valid_denominators,
                                      torch::Dtype compute_dtype,
                                      const DraftParallel& parallel = {});
 
   // Valid-position counts per step over the batch's own rows (the
-  // denominators before the all-reduce): global position p is valid at step
-  // k iff p+k+1 < len, loss_mask[p+k] = 1 and the full-vocab argmax at p+k+1
-  // is in the draft vocab.
-  std::vector<int64_t> CountValid(const DraftBatch& batch, int ttt_steps) const;
+  // denominators before the all-reduce), int64 [K] on the batch's device:
+  // global position p is valid at step k iff p+k+1 < len, loss_mask[p+k] = 1
+  // and the full-vocab argmax at p+k+1 is in the draft vocab.
+  torch::Tensor CountValid(const DraftBatch& batch, int ttt_steps) const;
+
+  torch::Device device() const { return embed_.device(); }
 
   // Trainable parameters by export name, in a fixed order.
   const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const { return params_; }

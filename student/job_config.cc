@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -18,6 +19,13 @@
 #include "yaml-cpp/yaml.h"
 
 namespace specstream::student {
+
+bool IsTrainingDevice(absl::string_view device) {
+  if (device == "auto" || device == "cpu" || device == "cuda") return true;
+  return absl::StartsWith(device, "cuda:") && device.size() > 5 &&
+         device.find_first_not_of("0123456789", 5) == absl::string_view::npos;
+}
+
 namespace {
 
 using ::specstream::v1::JobSpec;
@@ -266,7 +274,13 @@ absl::Status ValidateTraining(v1::TrainingSpec& training) {
                                                      "\" (known: float32, bfloat16)"));
   }
   if (training.log_every() == 0) training.set_log_every(kDefaultLogEvery);
-  return RequirePositive(training.log_every(), "training.log_every");
+  RETURN_IF_ERROR(RequirePositive(training.log_every(), "training.log_every"));
+  if (training.device().empty()) training.set_device("auto");
+  if (!IsTrainingDevice(training.device())) {
+    return FieldError("training.device", absl::StrCat("unknown device \"", training.device(),
+                                                      "\" (known: auto, cpu, cuda, cuda:N)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateCheckpoint(const v1::CheckpointSpec& checkpoint) {

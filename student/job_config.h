@@ -56,6 +56,9 @@ absl::StatusOr<specstream::v1::JobSpec> LoadJobSpec(const std::string& path);
 // error `spec` may be partly defaulted. Idempotent on a valid spec.
 absl::Status ValidateJobSpec(specstream::v1::JobSpec& spec);
 
+// A training.device value: "auto", "cpu", "cuda" or "cuda:N" (N digits).
+bool IsTrainingDevice(absl::string_view device);
+
 // The YAML -> JSON step alone (exposed for tests and tools).
 absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text);
 

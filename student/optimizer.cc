@@ -75,18 +75,25 @@ double LrSchedule::At(int64_t step) const {
   return min_lr + (peak_lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-double ClipGradNorm(const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    double max_norm) {
+torch::Tensor ClipGradNorm(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                           double max_norm) {
   torch::NoGradGuard no_grad;
-  double total = 0;
+  torch::Tensor total;
   for (const auto& [name, p] : params) {
-    if (p.grad().defined()) total += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+    if (!p.grad().defined()) continue;
+    torch::Tensor squares = p.grad().to(torch::kFloat64).pow(2).sum();
+    total = total.defined() ? total + squares : squares;
   }
-  const double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
+  if (!total.defined()) {
+    return torch::zeros({}, params.empty() ? torch::TensorOptions(torch::kFloat64)
+                                           : params.front().second.options().dtype(torch::kFloat64));
+  }
+  const torch::Tensor norm = total.sqrt();
+  if (max_norm > 0) {
+    // In float64 as a scalar would be, then applied as the gradients' type.
+    const torch::Tensor factor = (max_norm / (norm + 1e-6)).clamp_max(1.0);
     for (const auto& [name, p] : params) {
-      if (p.grad().defined()) p.mutable_grad().mul_(scale);
+      if (p.grad().defined()) p.mutable_grad().mul_(factor.to(p.grad().scalar_type()));
     }
   }
   return norm;

@@ -57,9 +57,12 @@ struct LrSchedule {
 };
 
 // Global L2 norm of the gradients; scales them down to `max_norm` when above
-// it (0: no clipping). Returns the norm before clipping.
-double ClipGradNorm(const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                    double max_norm);
+// it (0: no clipping). Returns the norm before clipping as a float64 scalar
+// on the gradients' device: nothing is read back, the clip factor is
+// min(1, max_norm / (norm + 1e-6)) applied on the device (a factor of 1
+// leaves a gradient bit for bit unchanged).
+torch::Tensor ClipGradNorm(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                           double max_norm);
 
 }  // namespace specstream::student
 

@@ -10,6 +10,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// A chunk whose row weights are all zero (padding) adds nothing and is
+// skipped where that costs no device sync: on the host. On a device every
+// chunk is computed (a zero weight zeroes its terms).
+bool NothingToCompute(const torch::Tensor& row_weight) {
+  return row_weight.is_cpu() && !row_weight.ne(0).any().item<bool>();
+}
+
 class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& hidden,
@@ -21,13 +28,13 @@ class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
     if (chunk_rows <= 0)
       chunk_rows = std::clamp<int64_t>((int64_t{1} << 20) / weight.size(0), 64, 1024);
     const torch::Tensor w32 = weight.to(torch::kFloat32);
-    torch::Tensor loss = torch::zeros({}, torch::kFloat64);
-    torch::Tensor correct = torch::zeros({}, torch::kInt64);
+    torch::Tensor loss = torch::zeros({}, hidden.options().dtype(torch::kFloat64));
+    torch::Tensor correct = torch::zeros({}, hidden.options().dtype(torch::kInt64));
     for (int64_t i = 0; i < b; ++i) {
       for (int64_t start = 0; start < l; start += chunk_rows) {
         const int64_t rows = std::min(chunk_rows, l - start);
         torch::Tensor rw = row_weight[i].narrow(0, start, rows);
-        if (!rw.ne(0).any().item<bool>()) continue;
+        if (NothingToCompute(rw)) continue;
         torch::Tensor logits =
             torch::matmul(hidden[i].narrow(0, start, rows).to(torch::kFloat32), w32.t());
         torch::Tensor hit = logits.argmax(-1).eq(target_argmax[i].narrow(0, start, rows));
@@ -59,12 +66,12 @@ class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
     const int64_t b = hidden.size(0), l = hidden.size(1);
     const torch::Tensor w32 = weight.to(torch::kFloat32);
     torch::Tensor grad_hidden = torch::zeros_like(hidden);
-    torch::Tensor grad_weight = torch::zeros(weight.sizes(), torch::kFloat32);
+    torch::Tensor grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
     for (int64_t i = 0; i < b; ++i) {
       for (int64_t start = 0; start < l; start += chunk_rows) {
         const int64_t rows = std::min(chunk_rows, l - start);
         torch::Tensor rw = row_weight[i].narrow(0, start, rows);
-        if (!rw.ne(0).any().item<bool>()) continue;
+        if (NothingToCompute(rw)) continue;
         torch::Tensor h = hidden[i].narrow(0, start, rows).to(torch::kFloat32);
         // d/dlogits of −Σ p log softmax = softmax − p (Σ p = 1), per row
         // weight, built in place in one [rows, V] buffer plus exp(p).

@@ -137,9 +137,10 @@ std::string EnvString(const char* name) {
 }
 
 absl::Status Train(const std::string& config_path, bool resume, const std::string& host,
-                   int progress) {
+                   const std::string& device, int progress) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, LoadJobSpec(config_path));
-  ASSIGN_OR_RETURN(TrainerConfig config, TrainerConfigFromJobSpec(spec));
+  ASSIGN_OR_RETURN(TrainerConfig config,
+                   TrainerConfigFromJobSpec(spec, device, EnvInt("LOCAL_RANK", 0)));
   config.resume = resume;
   config.progress_terminal = progress;
   // Set by a student daemon for a coordinator job: admits its streams at the
@@ -172,11 +173,12 @@ absl::Status Train(const std::string& config_path, bool resume, const std::strin
     rendezvous.local_addr = host.empty() ? EnvString("SPECSTREAM_HOST") : host;
     rendezvous.interface = EnvString("GLOO_SOCKET_IFNAME");
     rendezvous.join_timeout = config.rendezvous_timeout;
-    ASSIGN_OR_RETURN(config.gloo_host, ResolveLocalAddress(rendezvous));
-    rendezvous.local_addr = config.gloo_host;
-    SS_LOG_INFO("rendezvous: rank {}/{} binds {} and joins {}:{} (deadline {} s)", rank, world,
-                config.gloo_host, rendezvous.master_addr, rendezvous.master_port,
-                rendezvous.join_timeout.count() / 1000.0);
+    ASSIGN_OR_RETURN(config.local_address, ResolveLocalAddress(rendezvous));
+    rendezvous.local_addr = config.local_address;
+    SS_LOG_INFO("rendezvous: rank {}/{} binds {} and joins {}:{} (deadline {} s), trains on {}",
+                rank, world, config.local_address, rendezvous.master_addr,
+                rendezvous.master_port, rendezvous.join_timeout.count() / 1000.0,
+                config.device.str());
     ASSIGN_OR_RETURN(handle, CreateGlooGroup(rendezvous));
     group = handle.group;
   }
@@ -218,7 +220,7 @@ int main(int argc, char** argv) {
   std::string config_path;
   bool resume = false;
   int nproc = 0;
-  std::string train_host;
+  std::string train_host, train_device;
   CLI::App* train_cmd = app.add_subcommand("train", "Train a draft from a job YAML");
   train_cmd->add_option("--config", config_path, "Job YAML (docs/job-config.md)")->required();
   train_cmd->add_flag("--resume", resume, "Continue from the latest checkpoint");
@@ -227,6 +229,9 @@ int main(int argc, char** argv) {
                         "This rank's own address for its process groups (default: "
                         "$SPECSTREAM_HOST, the address of $GLOO_SOCKET_IFNAME, else the local "
                         "address that routes to MASTER_ADDR)");
+  train_cmd->add_option("--device", train_device,
+                        "Where this rank trains: cpu, cuda (cuda:LOCAL_RANK) or cuda:N; overrides "
+                        "training.device (default auto: cuda:LOCAL_RANK when CUDA is present)");
 
   std::string export_checkpoint, export_out;
   CLI::App* export_cmd = app.add_subcommand("export", "Write the SGLang/vLLM draft layout");
@@ -264,7 +269,9 @@ int main(int argc, char** argv) {
                         "Write the bound metrics port here");
   serve_cmd->add_option("--workdir", daemon.workdir,
                         "Per-rank directories (job.json, metrics.jsonl)");
-  serve_cmd->add_option("--devices", daemon.devices, "Devices to report (comma-separated)")
+  serve_cmd->add_option("--devices", daemon.devices,
+                        "This daemon's devices (comma-separated): reported to the coordinator; its "
+                        "rank trains on the first (train --device)")
       ->delimiter(',');
   serve_cmd->add_option("--stop-grace", daemon.stop_grace_seconds,
                         "Seconds between SIGTERM and SIGKILL when a rank is stopped");
@@ -291,7 +298,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (*serve_cmd) return ExitCode(RunServe(std::move(serve)));
-  if (*train_cmd) return ExitCode(Train(config_path, resume, train_host, -1));
+  if (*train_cmd) return ExitCode(Train(config_path, resume, train_host, train_device, -1));
   if (*export_cmd) return ExitCode(ExportCheckpoint(export_checkpoint, export_out));
   if (*eval_cmd) {
     auto result = EvaluateCheckpoint(eval_checkpoint, eval_data, eval_ttt, eval_max_length);

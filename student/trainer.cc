@@ -8,6 +8,8 @@
 #include <limits>
 #include <numeric>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -44,8 +46,26 @@ absl::StatusOr<VocabMap> BuildMapFromSource(SampleSource& source, int64_t target
 
 }  // namespace
 
-absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::JobSpec& spec) {
+absl::StatusOr<torch::Device> ResolveTrainingDevice(const std::string& setting, int local_rank) {
+  const std::string where = setting.empty() ? "auto" : setting;
+  if (where == "auto") {
+    if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
+    return ParseDevice(absl::StrCat("cuda:", local_rank), "training.device auto (LOCAL_RANK)");
+  }
+  if (where == "cuda") return ParseDevice(absl::StrCat("cuda:", local_rank), "training.device cuda");
+  if (where == "meta") {
+    return absl::InvalidArgumentError("training.device: \"meta\" is a test device, not one to train on");
+  }
+  return ParseDevice(where, "training.device");
+}
+
+absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::JobSpec& spec,
+                                                       const std::string& device_override,
+                                                       int local_rank) {
   TrainerConfig c;
+  ASSIGN_OR_RETURN(c.device, ResolveTrainingDevice(
+                                 device_override.empty() ? spec.training().device() : device_override,
+                                 local_rank));
   c.store = spec.data().store();
   c.max_length = spec.data().max_length();
   c.tokenized = spec.data().tokenized();
@@ -142,6 +162,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   trainer->config_ = std::move(config);
   trainer->rank_ = rank;
   trainer->world_size_ = world_size;
+  trainer->device_ = trainer->config_.device;
   trainer->group_ = std::move(group);
   trainer->store_ = std::move(store);
   trainer->layout_ = layout;
@@ -238,10 +259,11 @@ absl::Status Trainer::Init() {
   shape.rope_scaling = target.rope_scaling;
   shape.max_position_embeddings = target.max_position_embeddings;
   RETURN_IF_ERROR(ValidateCpLayout(layout_, shape.num_attention_heads, shape.num_key_value_heads));
-  ASSIGN_OR_RETURN(cp_groups_,
-                   CreateCpGroups(layout_, store_, c.gloo_host, std::chrono::minutes(5)));
-  ASSIGN_OR_RETURN(
-      draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed, !source_->has_target_ids()));
+  RETURN_IF_ERROR(ConnectDeviceGroup());
+  ASSIGN_OR_RETURN(cp_groups_, CreateCpGroups(layout_, store_, c.local_address,
+                                              std::chrono::minutes(5), device_));
+  ASSIGN_OR_RETURN(draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed,
+                                               !source_->has_target_ids(), device_));
   RETURN_IF_ERROR(BroadcastParameters());
   optimizer_ = std::make_unique<AdamW>(draft_->parameters(), c.adamw);
   // Gradients exist from the start (zeros), so a parameter without gradient
@@ -265,11 +287,11 @@ absl::Status Trainer::Init() {
   schedule_.cosine = c.cosine;
   schedule_.min_lr_ratio = c.min_lr_ratio;
   SS_LOG_INFO(
-      "trainer: rank {}/{} (dp {}/{}, cp {}/{}, ulysses {}), {} samples, {} steps/epoch, {} "
+      "trainer: rank {}/{} (dp {}/{}, cp {}/{}, ulysses {}) on {}, {} samples, {} steps/epoch, {} "
       "steps, draft vocab {}, K={}",
       rank_, world_size_, layout_.dp_rank(), layout_.dp_size(), layout_.cp_rank(), layout_.cp_size,
-      layout_.ulysses, source_->size(), steps_per_epoch_, total_steps_, map.draft_vocab(),
-      c.ttt_steps);
+      layout_.ulysses, device_.str(), source_->size(), steps_per_epoch_, total_steps_,
+      map.draft_vocab(), c.ttt_steps);
   if (c.resume) RETURN_IF_ERROR(TryResume());
   if (!c.tensorboard_dir.empty() && rank_ == 0) {
     ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Create(c.tensorboard_dir));
@@ -331,9 +353,27 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> Trainer::EpochPlan(int64_t epo
   return plan;
 }
 
+absl::Status Trainer::ConnectDeviceGroup() {
+  device_group_ = group_;
+  if (world_size_ == 1 || !device_.is_cuda()) return absl::OkStatus();
+  if (!store_) {
+    return absl::InvalidArgumentError(
+        "training on a CUDA device with several ranks needs the world's rendezvous store");
+  }
+  RendezvousOptions options;
+  options.rank = rank_;
+  options.world_size = world_size_;
+  options.local_addr = config_.local_address;
+  options.join_timeout = config_.rendezvous_timeout;
+  ASSIGN_OR_RETURN(device_group_,
+                   CreateNcclGroup(options, c10::make_intrusive<c10d::PrefixStore>("device/world", store_),
+                                   device_));
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::AllReduce(torch::Tensor& t) {
   if (world_size_ == 1) return absl::OkStatus();
-  return AllReduceSum(*group_, t);
+  return AllReduceSum(*device_group_, t);
 }
 
 absl::Status Trainer::BroadcastParameters() {
@@ -341,7 +381,7 @@ absl::Status Trainer::BroadcastParameters() {
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : draft_->parameters()) {
     torch::Tensor data = p.detach();
-    RETURN_IF_ERROR(Annotate(Broadcast(*group_, data, 0), name));
+    RETURN_IF_ERROR(Annotate(Broadcast(*device_group_, data, 0), name));
   }
   return absl::OkStatus();
 }
@@ -372,7 +412,7 @@ void Trainer::SetUpGradientBuckets() {
     int64_t total = 0;
     for (size_t j = 0; j < bucket.params.size(); ++j)
       total += params[bucket.params[j]].second.numel();
-    bucket.flat = torch::zeros({total}, torch::kFloat32);
+    bucket.flat = torch::zeros({total}, torch::TensorOptions(torch::kFloat32).device(device_));
     for (size_t j = 0; j < bucket.params.size(); ++j) {
       torch::Tensor param = params[bucket.params[j]].second;
       const int64_t offset = bucket.offsets[j];
@@ -393,7 +433,7 @@ void Trainer::SetUpGradientBuckets() {
 
 void Trainer::LaunchBucket(GradBucket& bucket) {
   std::vector<torch::Tensor> flat{bucket.flat};
-  bucket.work = group_->allreduce(flat);
+  bucket.work = device_group_->allreduce(flat);
 }
 
 void Trainer::PrepareGradientBuckets() {
@@ -467,7 +507,10 @@ absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indice
 }
 
 absl::Status Trainer::TrainStep() {
-  const auto start = std::chrono::steady_clock::now();
+  if (!record_open_) {
+    record_start_ = std::chrono::steady_clock::now();
+    record_open_ = true;
+  }
   const int64_t epoch = step_ / steps_per_epoch_;
   ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(epoch));
   const std::vector<int64_t> indices = plan[step_ % steps_per_epoch_];
@@ -496,11 +539,20 @@ absl::Status Trainer::TrainStep() {
   }
   ASSIGN_OR_RETURN(DraftBatch batch, LoadBatch(indices));
   const int k_steps = config_.ttt_steps;
+  // Tokens of this rank's own rows (a CP shard counts only its part), from
+  // the host's copy of the lengths.
+  const int64_t own_rows = batch.aux_hidden.size(1);
+  for (int64_t length : batch.host_lengths) {
+    tokens_since_record_ += std::clamp<int64_t>(length - batch.offset, 0, own_rows);
+  }
+  batch = ToDevice(std::move(batch), device_);
 
-  std::vector<int64_t> local_valid = draft_->CountValid(batch, k_steps);
-  torch::Tensor valid = torch::tensor(local_valid, torch::kInt64);
-  RETURN_IF_ERROR(AllReduce(valid));
-  std::vector<int64_t> global_valid(valid.data_ptr<int64_t>(), valid.data_ptr<int64_t>() + k_steps);
+  // From here to the metrics, work is only queued on the device.
+  torch::Tensor global_valid;
+  RETURN_IF_ERROR(CatchTorch("valid positions", [&] {
+    global_valid = draft_->CountValid(batch, k_steps);
+  }));
+  RETURN_IF_ERROR(AllReduce(global_valid));
 
   for (auto& [name, p] : draft_->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
@@ -511,49 +563,72 @@ absl::Status Trainer::TrainStep() {
                    draft_->Forward(batch, k_steps, global_valid, config_.dtype, parallel));
   RETURN_IF_ERROR(CatchTorch("backward", [&] { out.weighted_loss.backward(); }));
   RETURN_IF_ERROR(SyncGradients());
-  const double grad_norm = ClipGradNorm(draft_->parameters(), config_.grad_clip);
+  torch::Tensor grad_norm;
+  RETURN_IF_ERROR(CatchTorch("gradient clipping", [&] {
+    grad_norm = ClipGradNorm(draft_->parameters(), config_.grad_clip);
+  }));
   const double lr = schedule_.At(step_);
-  optimizer_->Step(lr);
+  RETURN_IF_ERROR(CatchTorch("optimizer step", [&] { optimizer_->Step(lr); }));
   ++step_;
   RETURN_IF_ERROR(source_->Commit(step_, indices));
 
-  // Metrics over all ranks.
-  std::vector<double> sums;
-  for (int k = 0; k < k_steps; ++k) {
-    sums.push_back(out.loss_sum[k]);
-    sums.push_back(static_cast<double>(out.correct[k]));
+  if (RecordsMetrics(step_)) {
+    ASSIGN_OR_RETURN(StepMetrics m, ReadMetrics(out, global_valid, grad_norm, lr));
+    history_.push_back(m);
+    if (rank_ == 0) Log(m);
   }
-  // Tokens of this rank's own rows (a CP shard counts only its part).
-  const int64_t own_rows = batch.aux_hidden.size(1);
-  sums.push_back(
-      static_cast<double>((batch.lengths - batch.offset).clamp(0, own_rows).sum().item<int64_t>()));
-  torch::Tensor metrics = torch::tensor(sums, torch::kFloat64);
-  RETURN_IF_ERROR(AllReduce(metrics));
-  StepMetrics m;
-  m.step = step_;
-  m.lr = lr;
-  m.grad_norm = grad_norm;
-  m.positions = global_valid[0];
-  double decay = 1;
-  for (int k = 0; k < k_steps; ++k) {
-    const double denominator = static_cast<double>(std::max<int64_t>(1, global_valid[k]));
-    m.loss_k.push_back(metrics[2 * k].item<double>() / denominator);
-    m.acc_k.push_back(metrics[2 * k + 1].item<double>() / denominator);
-    m.loss += decay * m.loss_k.back();
-    decay *= 0.8;
-  }
-  m.sim_accept_len = SimulatedAcceptLength(m.acc_k);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  m.tokens = static_cast<int64_t>(metrics[2 * k_steps].item<double>());
-  m.tokens_per_second = static_cast<double>(m.tokens) / std::max(seconds, 1e-9);
-  history_.push_back(m);
-  if (rank_ == 0) Log(m);
   if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
       step_ % config_.checkpoint_every == 0 && step_ < total_steps_) {
     RETURN_IF_ERROR(SaveCheckpoint());
   }
   return absl::OkStatus();
+}
+
+bool Trainer::RecordsMetrics(int64_t step) const {
+  return config_.log_every <= 0 || step % config_.log_every == 0 || step == total_steps_;
+}
+
+absl::StatusOr<StepMetrics> Trainer::ReadMetrics(const TttOutputs& out,
+                                                 const torch::Tensor& global_valid,
+                                                 const torch::Tensor& grad_norm, double lr) {
+  const int k_steps = config_.ttt_steps;
+  // One tensor, one all-reduce, one copy to the host: loss and correct
+  // sums per step (over all ranks), this record's tokens (all ranks), the
+  // global valid counts (already summed) and the grad norm (the same on
+  // every rank) ride along.
+  torch::Tensor host;
+  RETURN_IF_ERROR(CatchTorch("metrics", [&] {
+    torch::Tensor summed =
+        torch::cat({out.loss_sum.to(torch::kFloat64), out.correct.to(torch::kFloat64),
+                    torch::full({1}, static_cast<double>(tokens_since_record_),
+                                out.loss_sum.options().dtype(torch::kFloat64))});
+    absl::Status reduced = AllReduce(summed);
+    TORCH_CHECK(reduced.ok(), reduced.ToString());
+    host = torch::cat({summed, global_valid.to(torch::kFloat64), grad_norm.reshape({1})})
+               .to(torch::kCPU);
+  }));
+  const double* v = host.data_ptr<double>();
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - record_start_).count();
+  record_open_ = false;
+  tokens_since_record_ = 0;
+  StepMetrics m;
+  m.step = step_;
+  m.lr = lr;
+  m.grad_norm = v[3 * k_steps + 1];
+  m.positions = static_cast<int64_t>(v[2 * k_steps + 1]);
+  double decay = 1;
+  for (int k = 0; k < k_steps; ++k) {
+    const double denominator = std::max(1.0, v[2 * k_steps + 1 + k]);
+    m.loss_k.push_back(v[k] / denominator);
+    m.acc_k.push_back(v[k_steps + k] / denominator);
+    m.loss += decay * m.loss_k.back();
+    decay *= 0.8;
+  }
+  m.sim_accept_len = SimulatedAcceptLength(m.acc_k);
+  m.tokens = static_cast<int64_t>(v[2 * k_steps]);
+  m.tokens_per_second = static_cast<double>(m.tokens) / std::max(seconds, 1e-9);
+  return m;
 }
 
 void Trainer::Log(const StepMetrics& m) {
@@ -562,7 +637,7 @@ void Trainer::Log(const StepMetrics& m) {
       absl::StrAppend(out, absl::StrFormat("%.4f", x));
     });
   };
-  if (config_.log_every > 0 && (m.step % config_.log_every == 0 || m.step == total_steps_)) {
+  if (config_.log_every > 0) {
     SS_LOG_INFO(
         "step {}/{} loss {:.4f} acc [{}] accept_len {:.3f} lr {:.3g} grad_norm {:.3f} "
         "{:.0f} tok/s",
@@ -614,8 +689,9 @@ absl::Status Trainer::Run() {
   ProgressReporter progress(progress_options);
   int64_t tokens = 0;
   while (step_ < total_steps_) {
+    const size_t records = history_.size();
     RETURN_IF_ERROR(TrainStep());
-    tokens += history_.back().tokens;
+    if (history_.size() > records) tokens += history_.back().tokens;
     if (rank_ == 0) progress.Update(step_, tokens);
   }
   if (rank_ == 0) progress.Finish();
@@ -646,12 +722,17 @@ absl::Status Trainer::SaveCheckpoint() {
   absl::Status status;
   if (rank_ == 0) {
     CheckpointContents contents;
-    for (const auto& [name, p] : draft_->parameters()) contents.draft[name] = p.detach().clone();
+    // Checkpoints are host tensors, whatever the device.
+    for (const auto& [name, p] : draft_->parameters()) {
+      contents.draft[name] = p.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
     const VocabMap& map = draft_->vocab_map();
     contents.draft["d2t"] = torch::tensor(map.d2t, torch::kInt64);
     contents.draft["t2d"] =
         torch::tensor(std::vector<int64_t>(map.t2d.begin(), map.t2d.end())).to(torch::kBool);
-    contents.optimizer = optimizer_->State();
+    for (const auto& [name, t] : optimizer_->State()) {
+      contents.optimizer[name] = t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
     contents.rng_by_rank = rng;
     contents.state = {{"step", step_},
                       {"epoch", step_ / steps_per_epoch_},
@@ -767,18 +848,22 @@ absl::Status Trainer::Export() {
 absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, int ttt_steps,
                                     int64_t max_length, torch::Dtype dtype) {
   torch::NoGradGuard no_grad;
-  std::vector<double> loss_sum(ttt_steps, 0), correct(ttt_steps, 0), valid(ttt_steps, 0);
+  // Per-step sums on the draft's device: loss, correct, valid.
+  torch::Tensor sums = torch::zeros({3, ttt_steps},
+                                    torch::TensorOptions(torch::kFloat64).device(draft.device()));
   for (int64_t i = 0; i < source.size(); ++i) {
     ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
-    DraftBatch batch = Collate({s}, max_length);
-    std::vector<int64_t> counts = draft.CountValid(batch, ttt_steps);
+    const DraftBatch batch = ToDevice(Collate({s}, max_length), draft.device());
+    torch::Tensor counts;
+    RETURN_IF_ERROR(CatchTorch("eval", [&] { counts = draft.CountValid(batch, ttt_steps); }));
     ASSIGN_OR_RETURN(TttOutputs out, draft.Forward(batch, ttt_steps, counts, dtype));
-    for (int k = 0; k < ttt_steps; ++k) {
-      loss_sum[k] += out.loss_sum[k];
-      correct[k] += static_cast<double>(out.correct[k]);
-      valid[k] += static_cast<double>(out.valid[k]);
-    }
+    sums += torch::stack({out.loss_sum.to(torch::kFloat64), out.correct.to(torch::kFloat64),
+                          out.valid.to(torch::kFloat64)});
   }
+  const torch::Tensor host = sums.to(torch::kCPU).contiguous();
+  const double* loss_sum = host.data_ptr<double>();
+  const double* correct = loss_sum + ttt_steps;
+  const double* valid = correct + ttt_steps;
   EvalResult result;
   double decay = 1;
   for (int k = 0; k < ttt_steps; ++k) {

@@ -10,9 +10,15 @@
 // of the sequence; the same normalisation and sum make CP = c train exactly
 // like CP = 1 (the sum over CP is the gradient of the whole sequence; the
 // sum over DP of globally normalised losses is the token-weighted DP mean).
+//
+// Devices: a rank trains on one device (TrainerConfig::device). A step
+// queues its work there without reading anything back, except on the steps
+// that record metrics (log_every); on a CUDA device the host runs ahead of
+// the GPU in between.
 #ifndef SPECSTREAM_STUDENT_TRAINER_H_
 #define SPECSTREAM_STUDENT_TRAINER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -68,6 +74,14 @@ struct TrainerConfig {
   int ttt_steps = 7;
   uint64_t seed = 0;
   torch::Dtype dtype = torch::kBFloat16;
+  // Where this rank trains (ResolveTrainingDevice): the draft, its optimizer
+  // state, the batches and the gradient buckets live there, and the
+  // collectives on them run over NCCL when it is a CUDA device.
+  torch::Device device = torch::kCPU;
+  // Steps between metric records (history, metrics.jsonl, TensorBoard, log
+  // lines); the last step always records. Only these steps read metrics back
+  // from the device (one all-reduce, one copy). 0: every step, without log
+  // lines (tests and benchmarks).
   int64_t log_every = 1;
 
   std::string checkpoint_dir;
@@ -85,9 +99,9 @@ struct TrainerConfig {
   // Ulysses only; in between: USP).
   int64_t cp_size = 1;
   int64_t ulysses_degree = 1;
-  // This rank's own address, which Gloo binds for the CP groups (the one
+  // This rank's own address, which the device and CP groups bind (the one
   // the world group bound: ResolveLocalAddress).
-  std::string gloo_host = "127.0.0.1";
+  std::string local_address = "127.0.0.1";
   // parallel.rendezvous_timeout_s: the deadline for every rank to join.
   std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(120)};
 };
@@ -100,15 +114,19 @@ struct StepMetrics {
   double sim_accept_len = 0;
   double lr = 0;
   double grad_norm = 0;
+  // Over the steps since the previous record (all ranks): their tokens over
+  // the wall time they took.
   double tokens_per_second = 0;
-  int64_t tokens = 0;     // tokens in this step's batches, all ranks
-  int64_t positions = 0;  // valid positions at step 0, all ranks
+  int64_t tokens = 0;     // tokens in the batches of those steps, all ranks
+  int64_t positions = 0;  // valid positions at step 0 of this step, all ranks
 };
 
 class Trainer final {
  public:
-  // `group` may be null when world_size is 1. `store` is the world's
-  // rendezvous store, needed to create the CP groups when cp_size > 1.
+  // `group` is the world's Gloo group (null when world_size is 1): control
+  // messages (checkpoint RNG, barriers) and, on CPU, every collective.
+  // `store` is the world's rendezvous store, needed for the CP groups when
+  // cp_size > 1 and for the NCCL world group when config.device is CUDA.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<CommGroup> group,
       c10::intrusive_ptr<c10d::Store> store = {});
@@ -121,6 +139,7 @@ class Trainer final {
 
   int64_t step() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
+  // The metric records so far (one per log_every steps and the last).
   const std::vector<StepMetrics>& history() const { return history_; }
   Eagle3Draft& draft() { return *draft_; }
   SampleSource& source() { return *source_; }
@@ -128,6 +147,8 @@ class Trainer final {
  private:
   Trainer() = default;
   absl::Status Init();
+  // device_group_: group_ on CPU, an NCCL world group on a CUDA device.
+  absl::Status ConnectDeviceGroup();
   absl::StatusOr<std::vector<std::vector<int64_t>>> EpochPlan(int64_t epoch);
   absl::Status TrainStep();
   // The rows of each sample of a batch this rank reads: all of them, or
@@ -135,7 +156,13 @@ class Trainer final {
   RowRange BatchRows(const std::vector<int64_t>& indices) const;
   // This rank's batch (its CP shard of it under context parallelism).
   absl::StatusOr<DraftBatch> LoadBatch(const std::vector<int64_t>& indices);
+  // SUM over the world of a tensor on the device (the device group).
   absl::Status AllReduce(torch::Tensor& t);
+  // Whether step `step` (1-based) records metrics (log_every).
+  bool RecordsMetrics(int64_t step) const;
+  // The metrics of the step just taken: the one read back from the device.
+  absl::StatusOr<StepMetrics> ReadMetrics(const TttOutputs& out, const torch::Tensor& global_valid,
+                                          const torch::Tensor& grad_norm, double lr);
   void SetUpGradientBuckets();
   void PrepareGradientBuckets();
   struct GradBucket;
@@ -150,7 +177,9 @@ class Trainer final {
   TrainerConfig config_;
   int rank_ = 0;
   int world_size_ = 1;
-  c10::intrusive_ptr<CommGroup> group_;
+  torch::Device device_ = torch::kCPU;
+  c10::intrusive_ptr<CommGroup> group_;         // Gloo: control messages
+  c10::intrusive_ptr<CommGroup> device_group_;  // tensors on device_ (group_ on CPU)
   c10::intrusive_ptr<c10d::Store> store_;
   CpLayout layout_;
   CpGroups cp_groups_;
@@ -164,6 +193,11 @@ class Trainer final {
   int64_t cached_epoch_ = -1;
   std::vector<std::vector<int64_t>> cached_plan_;
   std::vector<StepMetrics> history_;
+  // Since the last metric record: this rank's tokens and when the first
+  // step after it began.
+  int64_t tokens_since_record_ = 0;
+  bool record_open_ = false;
+  std::chrono::steady_clock::time_point record_start_;
   std::vector<int> capture_;
   // DDP: flat gradient buckets reduced while backward runs (see
   // SetUpGradientBuckets).
@@ -181,8 +215,17 @@ class Trainer final {
   std::unique_ptr<class TensorBoardWriter> tensorboard_;
 };
 
-// The trainer settings of a validated job spec (ValidateJobSpec first).
-absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::JobSpec& spec);
+// A rank's device from a training.device setting (job_config.h) and its
+// LOCAL_RANK: "auto" is cuda:LOCAL_RANK when this LibTorch sees CUDA, else
+// cpu; "cuda" is cuda:LOCAL_RANK; "cpu" and "cuda:N" as written.
+// FailedPrecondition for a CUDA device this build or machine lacks.
+absl::StatusOr<torch::Device> ResolveTrainingDevice(const std::string& setting, int local_rank);
+
+// The trainer settings of a validated job spec (ValidateJobSpec first);
+// `device_override` (train --device) replaces training.device when set.
+absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::JobSpec& spec,
+                                                       const std::string& device_override = "",
+                                                       int local_rank = 0);
 
 // Loss / acc_k / simulated acceptance length of a draft over every sample of
 // a source (one rank, no updates).

@@ -25,14 +25,6 @@ torch::ScalarType ComputeType(torch::ScalarType input) {
   return input == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
 }
 
-// True where key j (absolute k_begin + col) is hidden from query i (absolute
-// q_begin + row): j > i. Shape [q_len, k_len].
-torch::Tensor CausalHidden(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len) {
-  torch::Tensor rows = torch::arange(q_begin, q_begin + q_len, torch::kInt64).unsqueeze(1);
-  torch::Tensor cols = torch::arange(k_begin, k_begin + k_len, torch::kInt64).unsqueeze(0);
-  return cols > rows;
-}
-
 // The block holds a key later than the first query of the block.
 bool NeedsMask(int64_t q_begin, int64_t k_begin, int64_t k_len) {
   return k_begin + k_len - 1 > q_begin;
@@ -54,7 +46,8 @@ torch::Tensor CausalScores(const torch::Tensor& qb, const torch::Tensor& kb, int
   torch::Tensor s = torch::matmul(qb, kb.transpose(-1, -2)).mul_(scale);
   if (NeedsMask(qs, ks, lk)) {
     s.view({dims.batch, dims.kv_heads, dims.group, len, lk})
-        .masked_fill_(CausalHidden(qs, len, ks, lk), -std::numeric_limits<double>::infinity());
+        .masked_fill_(CausalHidden(qs, len, ks, lk, s.device()),
+                      -std::numeric_limits<double>::infinity());
   }
   return s;
 }
@@ -236,6 +229,14 @@ class TttAttentionFunction final : public torch::autograd::Function<TttAttention
 };
 
 }  // namespace
+
+torch::Tensor CausalHidden(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len,
+                           torch::Device device) {
+  const auto options = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  torch::Tensor rows = torch::arange(q_begin, q_begin + q_len, options).unsqueeze(1);
+  torch::Tensor cols = torch::arange(k_begin, k_begin + k_len, options).unsqueeze(0);
+  return cols > rows;
+}
 
 torch::Tensor TttAttention(const torch::Tensor& q, const torch::Tensor& k0, const torch::Tensor& v0,
                            const torch::Tensor& kd, const torch::Tensor& vd,

@@ -28,6 +28,26 @@ using CommGroup = c10d::Backend;
 using CommGroup = c10d::ProcessGroup;
 #endif
 
+// Batched point-to-point: sends and receives issued between StartCoalescing
+// and EndCoalescing go out as one group call, and the returned work waits
+// for all of them. NCCL needs it for a ring exchange (batch_isend_irecv in
+// Python); Gloo's send and recv are asynchronous without it. NCCL process
+// groups exist only in 2.x builds (cmake/TorchCompat.cmake), so 1.13 never
+// batches.
+#if SPECSTREAM_TORCH_2
+inline bool CoalescesPointToPoint(const CommGroup& group) {
+  return group.getBackendName() == "nccl";
+}
+inline void StartCoalescing(CommGroup& group) { group.startCoalescing(); }
+inline c10::intrusive_ptr<c10d::Work> EndCoalescing(CommGroup& group) {
+  return group.endCoalescing();
+}
+#else
+inline bool CoalescesPointToPoint(const CommGroup&) { return false; }
+inline void StartCoalescing(CommGroup&) {}
+inline c10::intrusive_ptr<c10d::Work> EndCoalescing(CommGroup&) { return {}; }
+#endif
+
 }  // namespace specstream
 
 #endif  // SPECSTREAM_COMMON_TORCH_COMPAT_H_

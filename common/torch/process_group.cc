@@ -38,27 +38,43 @@ std::string Seconds(std::chrono::milliseconds d) {
 
 std::string ToText(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
-// The first IPv4 (else IPv6) address of a network interface.
-absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+struct InterfaceAddressEntry {
+  std::string interface, address;
+  bool v4 = false;
+};
+
+// This host's interfaces and their IP addresses, as getifaddrs lists them.
+absl::StatusOr<std::vector<InterfaceAddressEntry>> HostAddresses() {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) {
     return absl::UnavailableError(absl::StrCat("getifaddrs: ", std::strerror(errno)));
   }
-  std::string v4, v6;
+  std::vector<InterfaceAddressEntry> out;
   for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || name != i->ifa_name) continue;
+    if (i->ifa_addr == nullptr) continue;
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
     char text[INET6_ADDRSTRLEN] = {};
-    if (i->ifa_addr->sa_family == AF_INET && v4.empty()) {
-      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text,
-                sizeof(text));
-      v4 = text;
-    } else if (i->ifa_addr->sa_family == AF_INET6 && v6.empty()) {
-      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, text,
-                sizeof(text));
-      v6 = text;
-    }
+    const void* raw =
+        family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    if (inet_ntop(family, raw, text, sizeof(text)) == nullptr) continue;
+    out.push_back({i->ifa_name, text, family == AF_INET});
   }
   freeifaddrs(list);
+  return out;
+}
+
+// The first IPv4 (else IPv6) address of a network interface.
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+  ASSIGN_OR_RETURN(std::vector<InterfaceAddressEntry> entries, HostAddresses());
+  std::string v4, v6;
+  for (const InterfaceAddressEntry& e : entries) {
+    if (e.interface != name) continue;
+    if (e.v4 && v4.empty()) v4 = e.address;
+    if (!e.v4 && v6.empty()) v6 = e.address;
+  }
   if (!v4.empty()) return v4;
   if (!v6.empty()) return v6;
   return absl::InvalidArgumentError(absl::StrCat(
@@ -143,6 +159,21 @@ absl::Status JoinBarrier(c10d::Store& store, const RendezvousOptions& o, const s
 
 }  // namespace
 
+std::string InterfaceOf(const std::string& address) {
+  absl::StatusOr<std::vector<InterfaceAddressEntry>> entries = HostAddresses();
+  if (!entries.ok()) return "";
+  for (const InterfaceAddressEntry& e : *entries) {
+    if (e.address == address) return e.interface;
+  }
+  return "";
+}
+
+absl::Status JoinRendezvous(c10d::Store& store, const RendezvousOptions& options,
+                            const std::string& local_address) {
+  const auto deadline = std::chrono::steady_clock::now() + options.join_timeout;
+  return JoinBarrier(store, options, absl::StrCat(LocalHostname(), ", ", local_address), deadline);
+}
+
 absl::StatusOr<std::string> ResolveLocalAddress(const RendezvousOptions& options) {
   if (!options.local_addr.empty()) return options.local_addr;
   if (!options.interface.empty()) return InterfaceAddress(options.interface);
@@ -223,18 +254,70 @@ absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(const RendezvousOptions& opti
   return handle;
 }
 
+#if !SPECSTREAM_WITH_TORCH_NCCL
+absl::StatusOr<c10::intrusive_ptr<CommGroup>> CreateNcclGroup(const RendezvousOptions&,
+                                                              c10::intrusive_ptr<c10d::Store>,
+                                                              torch::Device device) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "an NCCL process group for ", device.str(),
+      " needs a CUDA LibTorch with NCCL; this build has none (SPECSTREAM_WITH_TORCH_NCCL=0)"));
+}
+#endif
+
+absl::StatusOr<c10::intrusive_ptr<CommGroup>> CreateDeviceGroup(
+    const RendezvousOptions& options, c10::intrusive_ptr<c10d::Store> store, torch::Device device) {
+  if (device.is_cuda()) return CreateNcclGroup(options, std::move(store), device);
+  ASSIGN_OR_RETURN(ProcessGroupHandle handle, CreateGlooGroup(options, std::move(store)));
+  return handle.group;
+}
+
+bool IsNarrowFloat(const torch::Tensor& tensor) {
+  return tensor.scalar_type() == torch::kBFloat16 || tensor.scalar_type() == torch::kFloat16;
+}
+
+bool ReducesNarrowFloats(const CommGroup& group) {
+  return SPECSTREAM_TORCH_2 || group.getBackendName() == "nccl";
+}
+
+bool HasReduceScatter(const CommGroup& group) {
+  return SPECSTREAM_TORCH_2 || group.getBackendName() == "nccl";
+}
+
 absl::Status AllReduceSum(CommGroup& group, torch::Tensor& tensor) {
   return CatchTorch("all_reduce", [&] {
-    const bool narrow =
-        tensor.scalar_type() == torch::kBFloat16 || tensor.scalar_type() == torch::kFloat16;
-    std::vector<torch::Tensor> buffers{narrow ? tensor.to(torch::kFloat32) : tensor.contiguous()};
+    const bool widen = IsNarrowFloat(tensor) && !ReducesNarrowFloats(group);
+    std::vector<torch::Tensor> buffers{widen ? tensor.to(torch::kFloat32) : tensor.contiguous()};
     group.allreduce(buffers)->wait();
-    if (narrow || !tensor.is_contiguous()) {
-      tensor.copy_(buffers[0]);
-    } else if (buffers[0].data_ptr() != tensor.data_ptr()) {
-      tensor.copy_(buffers[0]);
-    }
+    if (buffers[0].data_ptr() != tensor.data_ptr()) tensor.copy_(buffers[0]);
   });
+}
+
+absl::StatusOr<torch::Tensor> ReduceScatterSum(CommGroup& group, const torch::Tensor& input) {
+  const int64_t parts = group.getSize();
+  if (input.dim() < 1 || input.size(0) % parts != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: ", input.dim() < 1 ? 0 : input.size(0),
+                                                   " rows do not split into ", parts, " parts"));
+  }
+  torch::Tensor output;
+  RETURN_IF_ERROR(CatchTorch("reduce_scatter", [&] {
+    const bool widen = IsNarrowFloat(input) && !ReducesNarrowFloats(group);
+    torch::Tensor wire = widen ? input.to(torch::kFloat32) : input.contiguous();
+    if (HasReduceScatter(group)) {
+      std::vector<int64_t> shape = wire.sizes().vec();
+      shape[0] /= parts;
+      torch::Tensor part = torch::empty(shape, wire.options());
+      group._reduce_scatter_base(part, wire)->wait();
+      output = part;
+    } else {
+      // Gloo in 1.13: all-reduce the whole input, keep this rank's part.
+      std::vector<torch::Tensor> buffers{wire.clone()};
+      group.allreduce(buffers)->wait();
+      const int64_t rows = wire.size(0) / parts;
+      output = buffers[0].narrow(0, group.getRank() * rows, rows);
+    }
+    if (widen) output = output.to(input.scalar_type());
+  }));
+  return output;
 }
 
 absl::Status Broadcast(CommGroup& group, torch::Tensor& tensor, int root) {
@@ -251,9 +334,11 @@ absl::StatusOr<torch::Tensor> AllToAllRows(CommGroup& group, const torch::Tensor
                                            const std::vector<int64_t>& recv_rows) {
   torch::Tensor output;
   RETURN_IF_ERROR(CatchTorch("all_to_all", [&] {
-    const bool narrow =
-        input.scalar_type() == torch::kBFloat16 || input.scalar_type() == torch::kFloat16;
-    torch::Tensor send = narrow ? input.to(torch::kFloat32) : input.contiguous();
+    // Rows of two-byte floats travel as their bytes: exact, and every
+    // backend moves bytes.
+    const bool as_bytes = IsNarrowFloat(input);
+    torch::Tensor send = input.contiguous();
+    if (as_bytes) send = send.view(torch::kUInt8);
     int64_t rows = 0;
     for (int64_t r : recv_rows) rows += r;
     std::vector<int64_t> shape = send.sizes().vec();
@@ -261,7 +346,7 @@ absl::StatusOr<torch::Tensor> AllToAllRows(CommGroup& group, const torch::Tensor
     torch::Tensor receive = torch::empty(shape, send.options());
     std::vector<int64_t> out_splits = recv_rows, in_splits = send_rows;
     group.alltoall_base(receive, send, out_splits, in_splits)->wait();
-    output = narrow ? receive.to(input.scalar_type()) : receive;
+    output = as_bytes ? receive.view(input.scalar_type()) : receive;
   }));
   return output;
 }

@@ -8,8 +8,11 @@
 // cannot bind, or never arrives makes every rank fail within `join_timeout`
 // with one error naming the rank, its host and the reason.
 //
-// Gloo in this LibTorch has no reduce_scatter and no bf16 all-reduce; the
-// helpers here provide the fallbacks (all_reduce + slice, fp32 round trip).
+// Tensors on CUDA devices use NCCL groups (CreateNcclGroup, CreateDeviceGroup)
+// built over the same store; CPU tensors and small control messages use
+// Gloo. Gloo in LibTorch 1.13 has no reduce_scatter and no bf16 all-reduce;
+// the helpers below fall back there (all_reduce + slice, fp32 round trip)
+// and use the real collectives everywhere else.
 #ifndef SPECSTREAM_COMMON_TORCH_PROCESS_GROUP_H_
 #define SPECSTREAM_COMMON_TORCH_PROCESS_GROUP_H_
 
@@ -53,6 +56,14 @@ struct ProcessGroupHandle {
   int port = 0;  // the store's actual port (useful when master_port was 0)
 };
 
+// The join barrier of CreateGlooGroup on its own, for groups built over a
+// store of their own (NCCL): every rank announces "<hostname>,
+// <local_address>" and waits for the others until options.join_timeout;
+// DeadlineExceeded naming the missing ranks (the same error on every rank),
+// or the reason another rank published.
+absl::Status JoinRendezvous(c10d::Store& store, const RendezvousOptions& options,
+                            const std::string& local_address);
+
 // Creates the TCPStore (server on rank 0) only. A client retries until
 // `join_timeout`, then fails naming the store's address.
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> CreateTcpStore(const RendezvousOptions& options,
@@ -65,16 +76,48 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> CreateTcpStore(const RendezvousO
 absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(const RendezvousOptions& options,
                                                    c10::intrusive_ptr<c10d::Store> store = {});
 
-// In-place SUM all-reduce of a CPU tensor; bf16/fp16 go through fp32.
+// An NCCL group for tensors on `device` (cuda:N) over `store` (the world's
+// TCPStore, or a prefix of it, that no other group uses), after the same
+// join barrier as CreateGlooGroup. NCCL's own bootstrap binds this rank's
+// address too: NCCL_SOCKET_IFNAME is set to the interface holding it
+// (ResolveLocalAddress) unless the user set it. FailedPrecondition when this
+// LibTorch has no NCCL process groups (SPECSTREAM_WITH_TORCH_NCCL is 0: a
+// CPU build) or `device` is not a CUDA device.
+absl::StatusOr<c10::intrusive_ptr<CommGroup>> CreateNcclGroup(const RendezvousOptions& options,
+                                                              c10::intrusive_ptr<c10d::Store> store,
+                                                              torch::Device device);
+
+// The group for tensors on `device`: Gloo (with `store` when given) on CPU,
+// NCCL on a CUDA device.
+absl::StatusOr<c10::intrusive_ptr<CommGroup>> CreateDeviceGroup(
+    const RendezvousOptions& options, c10::intrusive_ptr<c10d::Store> store, torch::Device device);
+
+// The interface that holds `address` on this host ("" when none does).
+std::string InterfaceOf(const std::string& address);
+
+// Whether `group` sums bf16/fp16 tensors itself (NCCL; Gloo from LibTorch
+// 2.x). Elsewhere the helpers send them as fp32.
+bool ReducesNarrowFloats(const CommGroup& group);
+// Whether `group` has a reduce-scatter (NCCL; Gloo from LibTorch 2.x).
+bool HasReduceScatter(const CommGroup& group);
+
+// In-place SUM all-reduce of a tensor on the group's device type; bf16/fp16
+// go through fp32 where the group cannot sum them.
 absl::Status AllReduceSum(CommGroup& group, torch::Tensor& tensor);
 
-// Broadcast from `root` in place (contiguous CPU tensor).
+// SUM reduce-scatter along dim 0: `input` [P·n, ...] on every one of the P
+// ranks; rank r gets the sum of every rank's rows [r·n, (r+1)·n). The real
+// collective where the group has one, else all_reduce + slice.
+absl::StatusOr<torch::Tensor> ReduceScatterSum(CommGroup& group, const torch::Tensor& input);
+
+// Broadcast from `root` in place (contiguous tensor).
 absl::Status Broadcast(CommGroup& group, torch::Tensor& tensor, int root);
 
 // All-to-all of rows: `input` [sum(send_rows), ...] goes out in consecutive
 // blocks, send_rows[p] rows to rank p; the result holds recv_rows[p] rows
 // from each rank p in rank order (every rank's send_rows[q] must equal rank
-// q's recv_rows[this rank]). Any row count may be 0; bf16/fp16 travel as fp32.
+// q's recv_rows[this rank]). Any row count may be 0; bf16/fp16 travel as
+// their bytes.
 absl::StatusOr<torch::Tensor> AllToAllRows(CommGroup& group, const torch::Tensor& input,
                                            const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows);

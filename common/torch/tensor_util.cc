@@ -67,6 +67,12 @@ absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view,
   return out;
 }
 
+torch::Tensor CopyToDevice(const torch::Tensor& t, torch::Device device) {
+  if (t.device() == device) return t;
+  if (device.is_cuda() && t.is_cpu()) return t.pin_memory().to(device, /*non_blocking=*/true);
+  return t.to(device);
+}
+
 absl::StatusOr<torch::Device> ParseDevice(const std::string& text, const std::string& what) {
   const bool known = text == "cpu" || text == "meta" || text == "cuda" ||
                      (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&

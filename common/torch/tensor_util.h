@@ -26,6 +26,12 @@ absl::StatusOr<torch::Tensor> TensorFromView(const TensorView& view,
                                              std::optional<torch::Dtype> dtype = std::nullopt,
                                              torch::Device device = torch::kCPU);
 
+// `t` on `device`: itself when already there; from the host to a CUDA
+// device through pinned memory without waiting (the copy is ordered before
+// later work on the current stream, and the host never blocks on the
+// device); otherwise an ordinary copy.
+torch::Tensor CopyToDevice(const torch::Tensor& t, torch::Device device);
+
 // "cpu", "cuda", "cuda:N" or "meta" (shape-only tensors, for device checks in
 // tests) as a torch::Device. InvalidArgument for anything else (naming
 // `what`, e.g. "--devices"); FailedPrecondition for a CUDA device that this

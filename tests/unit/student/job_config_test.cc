@@ -98,6 +98,7 @@ training: {max_steps: 100, batch_tokens: 8192}
   EXPECT_EQ(spec->training().ttt_steps(), 7);
   EXPECT_EQ(spec->training().dtype(), "bfloat16");
   EXPECT_EQ(spec->training().log_every(), 1);
+  EXPECT_EQ(spec->training().device(), "auto");
   EXPECT_EQ(spec->parallel().cp_size(), 1);
   EXPECT_EQ(spec->parallel().cp_mode(), "ring");
   EXPECT_EQ(spec->parallel().rendezvous_timeout_s(), 120);
@@ -122,6 +123,14 @@ struct Refusal {
   std::string field;  // must appear in the message
 };
 
+TEST(JobConfigTest, TrainingDevicesAccepted) {
+  for (const std::string device : {"auto", "cpu", "cuda", "cuda:0", "cuda:12"}) {
+    auto spec = ParseJobSpecYaml(Edit("dtype: bfloat16", "dtype: bfloat16\n  device: \"" + device + "\""));
+    ASSERT_TRUE(spec.ok()) << device << ": " << spec.status();
+    EXPECT_EQ(spec->training().device(), device);
+  }
+}
+
 TEST(JobConfigTest, EveryRefusalNamesItsField) {
   const std::vector<Refusal> cases = {
       {"  store: /data/store\n", "", "data.store"},
@@ -141,6 +150,9 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
       {"ttt_steps: 7", "ttt_steps: 33", "training.ttt_steps"},
       {"ttt_steps: 7", "ttt_steps: -1", "training.ttt_steps"},
       {"dtype: bfloat16", "dtype: float16", "training.dtype"},
+      {"dtype: bfloat16", "dtype: bfloat16\n  device: gpu0", "training.device"},
+      {"dtype: bfloat16", "dtype: bfloat16\n  device: \"cuda:\"", "training.device"},
+      {"dtype: bfloat16", "dtype: bfloat16\n  device: cuda:x1", "training.device"},
       {"schedule: cosine", "schedule: linear", "optimizer.schedule"},
       {"warmup_ratio: 0.02", "warmup_ratio: 0.02\n  warmup_steps: 10", "optimizer.warmup_ratio"},
       {"warmup_ratio: 0.02", "warmup_ratio: 1.0", "optimizer.warmup_ratio"},
