@@ -11,6 +11,7 @@
 #include "common/net_address.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
+#include "common/torch/tensor_util.h"
 
 namespace specstream {
 
