@@ -339,6 +339,43 @@ absl::Status NcclChannel::RecvPieces(char* dest, uint64_t size) {
   return copy_out(pieces - 1);
 }
 
+absl::Status NcclChannel::SendDevice(const void* data, uint64_t size) {
+  State& s = *state_;
+  if (!s.broken.ok()) return s.broken;
+  if (s.options.rank != 0) return absl::FailedPreconditionError("NCCL Send on the student's rank");
+  if (size == 0) return absl::OkStatus();
+  absl::Status sent = DevicePieces(true, static_cast<char*>(const_cast<void*>(data)), size);
+  return sent.ok() ? sent : s.Fail(std::move(sent));
+}
+
+absl::Status NcclChannel::RecvDevice(void* dest, uint64_t size) {
+  State& s = *state_;
+  if (!s.broken.ok()) return s.broken;
+  if (s.options.rank != 1) return absl::FailedPreconditionError("NCCL Recv on the teacher's rank");
+  if (size == 0) return absl::OkStatus();
+  absl::Status received = DevicePieces(false, static_cast<char*>(dest), size);
+  return received.ok() ? received : s.Fail(std::move(received));
+}
+
+absl::Status NcclChannel::DevicePieces(bool send, char* data, uint64_t size) {
+  State& s = *state_;
+  RETURN_IF_ERROR(s.UseDevice());
+  const absl::Time deadline = absl::Now() + s.options.timeout;
+  const char* what = send ? "sending a payload piece" : "receiving a payload piece";
+  // The same pieces as SendPieces/RecvPieces (the wire contract), posted in
+  // order on the NCCL stream without staging.
+  for (uint64_t offset = 0; offset < size; offset += kPieceBytes) {
+    const uint64_t n = std::min(kPieceBytes, size - offset);
+    const ncclResult_t posted =
+        send ? ncclSend(data + offset, n, ncclChar, 1, s.comm, s.nccl_stream)
+             : ncclRecv(data + offset, n, ncclChar, 0, s.comm, s.nccl_stream);
+    RETURN_IF_ERROR(s.Enqueued(posted, deadline, what));
+  }
+  cudaEvent_t done = s.slots[0].transferred;
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(done, s.nccl_stream));
+  return s.Wait(done, deadline, send ? "sending a payload" : "receiving a payload");
+}
+
 absl::StatusOr<std::unique_ptr<PayloadChannel>> JoinNcclChannel(absl::string_view unique_id,
                                                                 PayloadChannelOptions options) {
   ASSIGN_OR_RETURN(std::unique_ptr<NcclChannel> channel,

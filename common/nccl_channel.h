@@ -11,12 +11,15 @@
 // CRC32C) first, so the receiver knows `size` and has checked the contract
 // before it posts a receive.
 //
-// Data path: payload bytes live in host memory (this build computes on CPU).
-// Each side keeps two pinned host buffers and two device buffers of
-// kPieceBytes on its CUDA device and pipelines them: the sender fills piece
-// i+1 on the CPU while piece i is copied to the device and sent; the receiver
-// copies piece i out while piece i+1 arrives. NCCL picks the link (NVLink,
-// PCIe P2P, InfiniBand or sockets) between the two devices.
+// Data path: payload bytes in device memory (a teacher computing on the GPU,
+// a student training on it) go straight from and into it: SendDevice and
+// RecvDevice post the pieces on the buffer itself. Bytes in host memory
+// (Send, Recv) use two pinned host buffers and two device buffers of
+// kPieceBytes on the CUDA device, pipelined: the sender fills piece i+1 on
+// the CPU while piece i is copied to the device and sent; the receiver
+// copies piece i out while piece i+1 arrives. Either kind of sender pairs
+// with either kind of receiver. NCCL picks the link (NVLink, PCIe P2P,
+// InfiniBand or sockets) between the two devices.
 //
 // Failure: every wait polls the CUDA event, NCCL's asynchronous error,
 // `stopped` and the deadline. A peer that never joins, dies mid-transfer or
@@ -78,6 +81,10 @@ class NcclChannel final : public PayloadChannel {
   // header announced) into `dest`.
   absl::Status Recv(char* dest, uint64_t size) override;
 
+  // The same from and into memory of options.device (PayloadChannel).
+  absl::Status SendDevice(const void* data, uint64_t size) override;
+  absl::Status RecvDevice(void* dest, uint64_t size) override;
+
   // OK until a transfer failed; then the first error.
   absl::Status health() const;
 
@@ -91,6 +98,9 @@ class NcclChannel final : public PayloadChannel {
   absl::Status SendPieces(uint64_t size,
                           const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill);
   absl::Status RecvPieces(char* dest, uint64_t size);
+  // Posts every piece of a device buffer (send or receive) on the NCCL
+  // stream, then waits for the last.
+  absl::Status DevicePieces(bool send, char* data, uint64_t size);
   std::unique_ptr<State> state_;
 };
 

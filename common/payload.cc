@@ -268,36 +268,78 @@ v1::DType ToProtoDType(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+namespace {
+
+// Appends the spec of one tensor at `*offset` and advances it; its byte
+// count, or InvalidArgument naming the tensor when it overflows.
+absl::StatusOr<uint64_t> AppendTensorSpec(const std::string& name, DType dtype,
+                                          const std::vector<int64_t>& shape,
+                                          v1::TensorContract& contract, uint64_t& offset) {
+  ASSIGN_OR_RETURN(uint64_t elements, NumElements(shape));
+  const uint64_t size = DTypeSize(dtype);
+  if (elements > std::numeric_limits<uint64_t>::max() / size) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": byte count overflows"));
+  }
+  const uint64_t nbytes = elements * size;
+  v1::TensorSpec* spec = contract.add_tensors();
+  spec->set_name(name);
+  spec->set_dtype(ToProtoDType(dtype));
+  for (int64_t d : shape) spec->add_shape(d);
+  spec->set_offset(offset);
+  spec->set_nbytes(nbytes);
+  offset += nbytes;
+  return nbytes;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::TensorContract> MakeContract(absl::Span<const PayloadTensor> tensors) {
   v1::TensorContract contract;
   uint64_t offset = 0;
   uint32_t crc = 0;
   for (const PayloadTensor& tensor : tensors) {
-    const std::string where = absl::StrCat("tensor ", tensor.name);
-    ASSIGN_OR_RETURN(uint64_t elements, NumElements(tensor.shape));
-    const uint64_t size = DTypeSize(tensor.dtype);
-    if (elements > std::numeric_limits<uint64_t>::max() / size) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": byte count overflows"));
-    }
-    const uint64_t nbytes = elements * size;
+    ASSIGN_OR_RETURN(const uint64_t nbytes,
+                     AppendTensorSpec(tensor.name, tensor.dtype, tensor.shape, contract, offset));
     if (tensor.bytes.size() != nbytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: %d bytes given, shape [%s] of %s needs %d", where, tensor.bytes.size(),
+          "tensor %s: %d bytes given, shape [%s] of %s needs %d", tensor.name, tensor.bytes.size(),
           absl::StrJoin(tensor.shape, ", "), DTypeName(tensor.dtype), nbytes));
     }
-    v1::TensorSpec* spec = contract.add_tensors();
-    spec->set_name(tensor.name);
-    spec->set_dtype(ToProtoDType(tensor.dtype));
-    for (int64_t d : tensor.shape) spec->add_shape(d);
-    spec->set_offset(offset);
-    spec->set_nbytes(nbytes);
-    offset += nbytes;
     crc = Crc32cExtend(crc, tensor.bytes);
   }
   contract.set_payload_bytes(offset);
   contract.set_crc32c(crc);
   RETURN_IF_ERROR(ValidateContract(contract));
   return contract;
+}
+
+absl::StatusOr<v1::TensorContract> MakeDeviceContract(
+    absl::Span<const PayloadTensorLayout> tensors, uint64_t device_checksum) {
+  v1::TensorContract contract;
+  uint64_t offset = 0;
+  for (const PayloadTensorLayout& tensor : tensors) {
+    RETURN_IF_ERROR(
+        AppendTensorSpec(tensor.name, tensor.dtype, tensor.shape, contract, offset).status());
+  }
+  contract.set_payload_bytes(offset);
+  contract.set_device_checksum(device_checksum);
+  contract.set_has_device_checksum(true);
+  RETURN_IF_ERROR(ValidateContract(contract));
+  return contract;
+}
+
+uint64_t DeviceChecksumOf(absl::string_view bytes) {
+  constexpr uint64_t kModulus = 65521;
+  uint64_t a = 0, b = 0;
+  const size_t words = (bytes.size() + 1) / 2;
+  for (size_t i = 0; i < words; ++i) {
+    const uint64_t low = static_cast<uint8_t>(bytes[2 * i]);
+    const uint64_t high = 2 * i + 1 < bytes.size() ? static_cast<uint8_t>(bytes[2 * i + 1]) : 0;
+    const uint64_t w = low | (high << 8);
+    a = (a + w) & 0xffffffffu;
+    b = (b + (i % kModulus + 1) * w) & 0xffffffffu;
+  }
+  return (b << 32) | a;
 }
 
 absl::Status PackPayload(absl::Span<const PayloadTensor> tensors, absl::Span<char> out) {
@@ -378,6 +420,15 @@ absl::Status VerifyPayload(const v1::TensorContract& contract, absl::string_view
   if (payload.size() != contract.payload_bytes()) {
     return absl::DataLossError(absl::StrFormat("payload: %d bytes, contract.payload_bytes is %d",
                                                payload.size(), contract.payload_bytes()));
+  }
+  if (contract.has_device_checksum()) {
+    const uint64_t sum = DeviceChecksumOf(payload);
+    if (sum != contract.device_checksum()) {
+      return absl::DataLossError(
+          absl::StrFormat("payload: device checksum 0x%016x != contract.device_checksum 0x%016x",
+                          sum, contract.device_checksum()));
+    }
+    return absl::OkStatus();
   }
   const uint32_t crc = Crc32c(payload);
   if (crc != contract.crc32c()) {

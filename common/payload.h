@@ -78,6 +78,26 @@ struct PayloadTensor {
 // ValidateContract with default limits.
 absl::StatusOr<v1::TensorContract> MakeContract(absl::Span<const PayloadTensor> tensors);
 
+// The layout of one tensor of a payload whose bytes the caller does not
+// hand over (they may be in device memory).
+struct PayloadTensorLayout {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+// The contract of a payload that holds `tensors` back to back (offsets as
+// MakeContract) and is checked by `device_checksum` (has_device_checksum
+// set, crc32c 0): an NCCL payload, whose sender computed the checksum where
+// its bytes are (common/torch/device_checksum.h). Errors as MakeContract.
+absl::StatusOr<v1::TensorContract> MakeDeviceContract(
+    absl::Span<const PayloadTensorLayout> tensors, uint64_t device_checksum);
+
+// The device checksum of host bytes, by its definition (tensor.proto):
+// little-endian 16-bit words w_i (an odd last byte a word of its own),
+// A = sum w_i mod 2^32, B = sum ((i mod 65521) + 1) w_i mod 2^32, B·2^32 + A.
+uint64_t DeviceChecksumOf(absl::string_view bytes);
+
 // Copies `tensors` into `out` at the offsets of MakeContract(tensors) (e.g.
 // into a shared-memory ring reservation). `out` must be exactly
 // payload_bytes long (InvalidArgument otherwise).
@@ -105,9 +125,10 @@ struct ContractLimits {
 absl::Status ValidateContract(const v1::TensorContract& contract,
                               const ContractLimits& limits = {});
 
-// Checks a whole received payload against its (validated) contract: its
-// length equals payload_bytes and its CRC32C equals crc32c. DataLoss naming
-// the mismatch otherwise.
+// Checks a whole received payload in host memory against its (validated)
+// contract: its length equals payload_bytes and its CRC32C equals crc32c
+// (or, with has_device_checksum, DeviceChecksumOf equals device_checksum).
+// DataLoss naming the mismatch otherwise.
 absl::Status VerifyPayload(const v1::TensorContract& contract, absl::string_view payload);
 
 // --- gRPC framing --------------------------------------------------------------

@@ -15,6 +15,10 @@
 //     byte, Recv is told the exact size (from the header already read).
 //   * Destroying a healthy channel delivers what it still holds.
 //   * A failed Send/Recv breaks the channel; later calls return the error.
+//   * SendDevice/RecvDevice move the same bytes as Send/Recv, in the same
+//     pieces (the wire is the same), straight from or into memory of the
+//     channel's CUDA device; a sender of either kind pairs with a receiver of
+//     either kind. Channels that move host memory only refuse them.
 #ifndef SPECSTREAM_COMMON_PAYLOAD_CHANNEL_H_
 #define SPECSTREAM_COMMON_PAYLOAD_CHANNEL_H_
 
@@ -53,6 +57,16 @@ class PayloadChannel {
       uint64_t size, const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill) = 0;
   // Rank 1: receives one payload of exactly `size` bytes into `dest`.
   virtual absl::Status Recv(char* dest, uint64_t size) = 0;
+  // Rank 0: sends `size` bytes that lie in memory of options.device (a CUDA
+  // device), ready to read (nothing queued on another stream still writes
+  // them). Rank 1: receives `size` bytes into such memory; when it returns
+  // they are there. Unimplemented for host-only channels.
+  virtual absl::Status SendDevice(const void* data, uint64_t size) {
+    return absl::UnimplementedError("this payload channel moves host memory only");
+  }
+  virtual absl::Status RecvDevice(void* dest, uint64_t size) {
+    return absl::UnimplementedError("this payload channel moves host memory only");
+  }
   // The timeout of later Send/Recv calls (> 0).
   virtual void set_timeout(absl::Duration timeout) = 0;
 };

@@ -16,6 +16,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/chat_template.h"
@@ -25,6 +26,7 @@
 #include "common/payload.h"
 #include "common/shm_ring.h"
 #include "common/status.h"
+#include "common/torch/device_checksum.h"
 #include "common/torch/tensor_util.h"
 #include "grpcpp/generic/generic_stub.h"
 #if SPECSTREAM_WITH_NCCL
@@ -214,13 +216,24 @@ class OnlineSource::Impl {
     }
 
    private:
-    // An incoming payload.
+    // An incoming payload: in `payload` on the host, or (an NCCL stream of
+    // a student on a CUDA device) in `device_payload`, uint8 [payload_bytes]
+    // on that device.
     struct Incoming {
       v1::TensorContract contract;
       int64_t row_begin = 0;
       std::string payload;
+      torch::Tensor device_payload;
       uint64_t received = 0;
     };
+
+    // NCCL payloads go straight to the trainer's device when the channel is
+    // on it.
+    bool ReceivesOnDevice() const {
+      const torch::Device device = owner_->options_.device;
+      return transport_ == v1::TRANSPORT_NCCL && device.is_cuda() &&
+             device.index() == nccl_device_;
+    }
 
     void WriteNext() {
       if (!prepared_ || writing_ || outgoing_.empty() || !alive_) return;
@@ -246,8 +259,11 @@ class OnlineSource::Impl {
       Incoming in;
       in.contract = header.contract();
       in.row_begin = header.row_begin();
-      in.payload.resize(header.contract().payload_bytes());
-      if (in.payload.empty()) return Complete(header.request_id(), std::move(in));
+      // A device payload's buffer is allocated by the receiver thread.
+      if (!ReceivesOnDevice()) in.payload.resize(header.contract().payload_bytes());
+      if (header.contract().payload_bytes() == 0) {
+        return Complete(header.request_id(), std::move(in));
+      }
       if (transport_ == v1::TRANSPORT_NCCL) {
         // The buffer is sized from the checked contract; the receiver thread
         // posts the receive for exactly its bytes.
@@ -286,13 +302,44 @@ class OnlineSource::Impl {
       }
     }
 
-    // A whole payload: checked against its CRC32C, then handed over.
+    // A whole payload: checked against its CRC32C or device checksum, then
+    // handed over as uint8 [payload_bytes] where it is.
     void Complete(uint64_t request_id, Incoming in) {
-      if (absl::Status s = VerifyPayload(in.contract, in.payload); !s.ok()) {
-        return owner_->Failed(
-            request_id, absl::DataLossError(absl::StrCat("teacher ", address_, ": ", s.message())));
+      absl::StatusOr<torch::Tensor> bytes =
+          in.device_payload.defined() ? CheckedOnDevice(in.contract, in.device_payload)
+                                      : CheckedOnHost(in.contract, std::move(in.payload));
+      if (!bytes.ok()) {
+        return owner_->Failed(request_id,
+                              absl::DataLossError(absl::StrCat("teacher ", address_, ": ",
+                                                               bytes.status().message())));
       }
-      owner_->Arrived(request_id, in.contract, in.row_begin, std::move(in.payload));
+      owner_->Arrived(request_id, in.contract, in.row_begin, *std::move(bytes));
+    }
+
+    static absl::StatusOr<torch::Tensor> CheckedOnHost(const v1::TensorContract& contract,
+                                                       std::string payload) {
+      RETURN_IF_ERROR(VerifyPayload(contract, payload));
+      // The tensor owns the string's bytes.
+      auto* owned = new std::string(std::move(payload));
+      return torch::from_blob(
+          owned->data(), {static_cast<int64_t>(owned->size())},
+          [owned](void*) { delete owned; }, torch::kUInt8);
+    }
+
+    static absl::StatusOr<torch::Tensor> CheckedOnDevice(const v1::TensorContract& contract,
+                                                         const torch::Tensor& payload) {
+      if (!contract.has_device_checksum()) {
+        return absl::DataLossError("an NCCL payload without contract.device_checksum");
+      }
+      int64_t sum = 0;
+      RETURN_IF_ERROR(CatchTorch("payload checksum",
+                                 [&] { sum = DeviceChecksum(payload).item<int64_t>(); }));
+      if (static_cast<uint64_t>(sum) != contract.device_checksum()) {
+        return absl::DataLossError(
+            absl::StrFormat("payload: device checksum 0x%016x != contract.device_checksum 0x%016x",
+                            static_cast<uint64_t>(sum), contract.device_checksum()));
+      }
+      return payload;
     }
 
     // The NCCL receiver thread: joins (rank 1) within connect_timeout, then
@@ -320,7 +367,19 @@ class OnlineSource::Impl {
           nccl_pending_.pop_front();
         }
         Incoming& in = next.second;
-        absl::Status received = (*channel)->Recv(in.payload.data(), in.payload.size());
+        absl::Status received;
+        if (ReceivesOnDevice()) {
+          const int64_t size = static_cast<int64_t>(in.contract.payload_bytes());
+          received = CatchTorch("payload buffer", [&] {
+            in.device_payload = torch::empty(
+                {size}, torch::TensorOptions(torch::kUInt8).device(owner_->options_.device));
+          });
+          if (received.ok()) {
+            received = (*channel)->RecvDevice(in.device_payload.data_ptr(), size);
+          }
+        } else {
+          received = (*channel)->Recv(in.payload.data(), in.payload.size());
+        }
         if (!received.ok()) return NcclFailed(received);
         std::lock_guard<std::mutex> lock(owner_->mu_);
         if (nccl_stop_) return;
@@ -572,7 +631,10 @@ class OnlineSource::Impl {
     if (devices == 0) {
       return absl::FailedPreconditionError("data.transport nccl: this student sees no CUDA device");
     }
-    nccl.nccl_device = options_.rank % devices;
+    // The trainer's own GPU when it trains on one (payloads land in its
+    // memory), else spread over the visible ones.
+    nccl.nccl_device =
+        options_.device.is_cuda() ? options_.device.index() : options_.rank % devices;
     ASSIGN_OR_RETURN(nccl.nccl_unique_id, NewNcclUniqueId());
 #endif
     return nccl;
@@ -658,7 +720,7 @@ class OnlineSource::Impl {
 
   // A payload arrived whole and intact. Called under mu_.
   void Arrived(uint64_t request_id, const v1::TensorContract& contract, int64_t row_begin,
-               std::string payload) {
+               const torch::Tensor& payload) {
     auto it = requests_.find(request_id);
     if (it == requests_.end()) return;  // superseded
     Slot& slot = slots_[it->second];
@@ -721,7 +783,7 @@ class OnlineSource::Impl {
   // StoreSource does (so online and offline training agree bit for bit).
   absl::StatusOr<TrainingSample> Decode(int64_t index, const RowRange& rows,
                                         const v1::TensorContract& contract, int64_t row_begin,
-                                        const std::string& payload) {
+                                        const torch::Tensor& payload) {
     TrainingSample sample;
     sample.id = index;
     sample.length = static_cast<int64_t>(samples_[index].input_ids.size());
@@ -740,9 +802,19 @@ class OnlineSource::Impl {
         view.name = spec.name();
         view.dtype = *dtype;
         view.shape.assign(spec.shape().begin(), spec.shape().end());
-        view.data = reinterpret_cast<const uint8_t*>(payload.data()) + spec.offset();
         view.nbytes = spec.nbytes();
-        torch::Tensor t = BorrowView(view);
+        torch::Tensor t;
+        if (payload.is_cpu()) {
+          view.data = payload.data_ptr<uint8_t>() + spec.offset();
+          t = BorrowView(view);
+        } else {
+          // A device payload stays on its device: each tensor's bytes are
+          // copied out (aligned for its dtype) and viewed as it.
+          t = payload.narrow(0, static_cast<int64_t>(spec.offset()), view.nbytes)
+                  .clone()
+                  .view(ToTorchDtype(*dtype))
+                  .view(view.shape);
+        }
         if (spec.name() == "input_ids") sample.input_ids = t.to(torch::kInt64);
         if (spec.name() == "loss_mask") sample.loss_mask = t.to(torch::kUInt8, false, true);
         if (spec.name() == "aux_hidden")

@@ -45,8 +45,13 @@ struct OnlineSourceOptions {
   // Payload transport: "auto" (shared memory with a teacher on this host —
   // same hostname and boot id —, inline otherwise), "inline", "shm" or
   // "nccl" (a build with NCCL and a CUDA device on both sides; the student
-  // receives on device rank % visible devices).
+  // receives on `device` when it is a CUDA device, else on device rank %
+  // visible devices).
   std::string transport = "auto";
+  // Where the trainer computes. NCCL payloads for a CUDA device are received
+  // straight into its memory (no host copy) and arrive as tensors there;
+  // every other payload arrives on the host.
+  torch::Device device = torch::kCPU;
   // Tests only: makes TRANSPORT_NCCL channels instead of NCCL
   // (tests/testing/loopback_channel.h), so the stream protocol runs without
   // a GPU. Unset in production.

@@ -189,6 +189,7 @@ absl::Status Trainer::Init() {
     online.rank = rank_;
     online.in_flight = c.in_flight;
     online.transport = c.transport;
+    online.device = device_;
     online.token = c.job_token;
     online.nccl_channel_for_testing = c.nccl_channel_for_testing;
     if (!c.ledger_dir.empty()) {

@@ -75,7 +75,7 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     const double eps = c.rms_norm_eps;
     auto reduce = [&](torch::Tensor& x) {
       if (options_.tp_size > 1) {
-        absl::Status s = AllReduceSum(*options_.group, x);
+        absl::Status s = AllReduceSum(ActivationGroup(), x);
         if (!s.ok()) throw std::runtime_error(std::string(s.message()));
       }
     };

@@ -4,6 +4,7 @@
 
 #include "common/status.h"
 #include "common/torch/process_group.h"
+#include "common/torch/tensor_util.h"
 
 namespace specstream::teacher::moe {
 namespace {
@@ -41,7 +42,9 @@ torch::Tensor RunGrouped(const torch::Tensor& rows, const torch::Tensor& local_i
   torch::Tensor out = torch::empty_like(rows);
   if (rows.size(0) == 0) return out;
   torch::Tensor order = local_ids.argsort();
-  torch::Tensor counts = torch::bincount(local_ids, {}, experts.count());
+  // Row counts size the per-expert slices: read on the host (the one sync
+  // grouped experts need; SGLang's dispatch reads its counts too).
+  const torch::Tensor counts = torch::bincount(local_ids, {}, experts.count()).to(torch::kCPU);
   const int64_t* count = counts.data_ptr<int64_t>();
   int64_t start = 0;
   for (int64_t e = 0; e < experts.count(); ++e) {
@@ -91,7 +94,7 @@ absl::StatusOr<torch::Tensor> DispatchCombine(const torch::Tensor& x, const Rout
   torch::Tensor expert = routing.experts.reshape({-1});
   torch::Tensor weight = routing.weights.reshape({-1});
   torch::Tensor owner = torch::div(expert, experts.count(), "floor");
-  torch::Tensor pairs_per_owner = torch::bincount(owner, {}, layout.ep_size);
+  const torch::Tensor pairs_per_owner = torch::bincount(owner, {}, layout.ep_size).to(torch::kCPU);
   torch::Tensor order = owner.argsort();
   // Each pair goes to every MoE-TP rank of its owner (they hold slices of the
   // same experts), so the blocks for ranks owner*moe_tp .. +moe_tp-1 repeat.
@@ -113,8 +116,11 @@ absl::StatusOr<torch::Tensor> DispatchCombine(const torch::Tensor& x, const Rout
 
   // How many rows each rank will receive from each other rank.
   std::vector<int64_t> ones(ranks, 1);
-  ASSIGN_OR_RETURN(torch::Tensor incoming,
-                   AllToAllRows(group, torch::tensor(send_rows, torch::kInt64), ones, ones));
+  ASSIGN_OR_RETURN(
+      torch::Tensor incoming,
+      AllToAllRows(group, CopyToDevice(torch::tensor(send_rows, torch::kInt64), x.device()), ones,
+                   ones));
+  incoming = incoming.to(torch::kCPU);
   std::vector<int64_t> recv_rows(incoming.data_ptr<int64_t>(),
                                  incoming.data_ptr<int64_t>() + ranks);
 

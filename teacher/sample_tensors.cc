@@ -60,6 +60,16 @@ absl::StatusOr<std::vector<NamedTensor>> SampleTensors(absl::Span<const int32_t>
     // Elementwise conversion commutes with row slicing, so a slice holds the
     // same bytes as the corresponding rows of the whole sample.
     const torch::Dtype hidden = ToTorchDtype(options.hidden_dtype);
+    const torch::Device device = capture.aux_hidden.device();
+    const bool on_device = options.on_capture_device && !device.is_cpu();
+    // A capture's rows converted to `dtype`, where the options say.
+    auto rows = [&](const torch::Tensor& x, torch::Dtype dtype) {
+      torch::Tensor slice = x.narrow(0, row_begin, n);
+      if (on_device || x.is_cpu()) return slice.to(dtype).contiguous();
+      torch::Tensor host = torch::empty(slice.sizes(), torch::TensorOptions(dtype).pinned_memory(true));
+      host.copy_(slice);
+      return host;
+    };
     torch::Tensor ids =
         torch::from_blob(const_cast<int32_t*>(input_ids.data() + row_begin), {n}, torch::kInt32)
             .clone();
@@ -68,19 +78,15 @@ absl::StatusOr<std::vector<NamedTensor>> SampleTensors(absl::Span<const int32_t>
                              : torch::from_blob(const_cast<uint8_t*>(loss_mask.data() + row_begin),
                                                 {n}, torch::kUInt8)
                                    .clone();
+    if (on_device) {
+      ids = ids.to(device);
+      mask = mask.to(device);
+    }
     out.push_back({"input_ids", std::move(ids)});
     out.push_back({"loss_mask", std::move(mask)});
-    out.push_back(
-        {"aux_hidden",
-         capture.aux_hidden.narrow(0, row_begin, n).to(torch::kCPU, hidden).contiguous()});
-    out.push_back(
-        {"last_hidden",
-         capture.last_hidden.narrow(0, row_begin, n).to(torch::kCPU, hidden).contiguous()});
-    if (options.keep_target_ids) {
-      out.push_back(
-          {"target_ids",
-           capture.target_ids.narrow(0, row_begin, n).to(torch::kCPU, torch::kInt32).contiguous()});
-    }
+    out.push_back({"aux_hidden", rows(capture.aux_hidden, hidden)});
+    out.push_back({"last_hidden", rows(capture.last_hidden, hidden)});
+    if (options.keep_target_ids) out.push_back({"target_ids", rows(capture.target_ids, torch::kInt32)});
   });
   if (!status.ok()) return status;
   return out;

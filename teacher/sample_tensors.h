@@ -33,6 +33,10 @@ struct SampleTensorsOptions {
   // Element type of aux_hidden and last_hidden: kF32, kBF16 or kF16.
   DType hidden_dtype = DType::kBF16;
   bool keep_target_ids = false;
+  // Where the tensors go: false, host memory (pinned when the capture is on
+  // a CUDA device, so the copy out runs at full speed); true, the capture's
+  // device (an NCCL payload that stays there).
+  bool on_capture_device = false;
 };
 
 // "float32" | "bfloat16" | "float16" -> DType; InvalidArgument naming `flag`
@@ -45,7 +49,7 @@ std::vector<StoreTensorSpec> SampleTensorSpecs(const ModelDescription& model,
 
 struct NamedTensor {
   std::string name;
-  torch::Tensor tensor;  // contiguous, CPU
+  torch::Tensor tensor;  // contiguous; on the host unless on_capture_device
 };
 
 // The sample's tensors (order above) for rows [row_begin, row_end) of a

@@ -125,7 +125,7 @@ torch::Tensor SglangRuntime::SparseMlp(const Layer& l, const torch::Tensor& x) {
     const moe::Routing routing =
         moe::Route(rows, l.router, c.num_experts_per_tok, c.norm_topk_prob);
     absl::StatusOr<torch::Tensor> combined =
-        moe::DispatchCombine(rows, routing, l.experts, layout, *options_.group);
+        moe::DispatchCombine(rows, routing, l.experts, layout, ActivationGroup());
     if (!combined.ok()) throw std::runtime_error(std::string(combined.status().message()));
     out = torch::zeros_like(x);
     out.narrow(0, chunk.begin, chunk.size).copy_(*combined);
@@ -151,7 +151,7 @@ absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
     const double eps = c.rms_norm_eps;
     auto reduce = [&](torch::Tensor& x) {
       if (options_.tp_size > 1) {
-        absl::Status s = AllReduceSum(*options_.group, x);
+        absl::Status s = AllReduceSum(ActivationGroup(), x);
         if (!s.ok()) throw std::runtime_error(std::string(s.message()));
       }
     };

@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -89,7 +90,7 @@ struct RuntimeFlags {
   void Add(CLI::App* app) {
     app->add_option("--model", model, "Target checkpoint directory (HF layout)")->required();
     app->add_option("--devices", devices,
-                    "One TP rank per device: cpu,cpu (tensor parallel) or one cuda:N");
+                    "One TP rank per device: cpu,cpu or cuda:0,cuda:1 (tensor parallel)");
     app->add_option("--tp", tp,
                     "Tensor-parallel ranks (default: one per --devices entry; with --devices "
                     "cpu, N cpu ranks)");
@@ -188,12 +189,19 @@ void ExportTeacherMetrics(const TeacherService::Stats& stats, TeacherService::St
   last = stats;
 }
 
-// --nccl-device: "auto" (device 0 when this build has NCCL and a CUDA device
-// is visible, else NCCL is not offered), "none", or a device index.
-absl::StatusOr<int> NcclDeviceFlag(const std::string& value) {
+// --nccl-device: "auto" (in a build with NCCL: the leader's GPU when the
+// target runs on CUDA devices, so payloads leave from where they are
+// computed; else device 0 when one is visible; otherwise NCCL is not
+// offered), "none", or a device index. `devices` is --devices.
+absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& devices) {
   if (value == "none") return -1;
   if (value == "auto") {
 #if SPECSTREAM_WITH_NCCL
+    const std::string leader = devices.substr(0, devices.find(','));
+    int index = 0;
+    if (absl::StartsWith(leader, "cuda:") && absl::SimpleAtoi(leader.substr(5), &index)) {
+      return index;
+    }
     return CudaDeviceCount() > 0 ? 0 : -1;
 #else
     return -1;
@@ -211,7 +219,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   if (serve.shutdown_timeout_s < 0) {
     return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
   }
-  ASSIGN_OR_RETURN(const int nccl_device, NcclDeviceFlag(serve.nccl_device));
+  ASSIGN_OR_RETURN(const int nccl_device, NcclDeviceFlag(serve.nccl_device, flags.devices));
   if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
   // Handlers first, so a signal that arrives while the model loads still
   // ends in an orderly shutdown once it has loaded.
@@ -378,8 +386,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--batch-tokens", serve.batch_tokens, "Padded tokens per forward");
   serve_cmd->add_option("--chunk-kib", serve.chunk_kib, "Payload chunk size in KiB");
   serve_cmd->add_option("--nccl-device", serve.nccl_device,
-                        "CUDA device staging TRANSPORT_NCCL payloads: auto (device 0 when the "
-                        "build has NCCL and a device is visible), none, or an index");
+                        "CUDA device of TRANSPORT_NCCL payloads: auto (the leader's GPU when "
+                        "serving on CUDA, else device 0 when the build has NCCL and one is "
+                        "visible), none, or an index");
   serve_cmd->add_option("--nccl-timeout", serve.nccl_timeout_s,
                         "Seconds an NCCL stream waits for the student to join or receive a "
                         "payload");

@@ -22,6 +22,7 @@
 #include "common/payload.h"
 #include "common/shm_ring.h"
 #include "common/status.h"
+#include "common/torch/device_checksum.h"
 #include "common/torch/tensor_util.h"
 #if SPECSTREAM_WITH_NCCL
 #include "common/nccl_channel.h"
@@ -182,12 +183,18 @@ struct TeacherService::ReadySample {
   int64_t row_begin = 0;
   int64_t row_end = 0;
   v1::TensorContract contract;
+  // Inline and shm streams: the tensors' bytes on the host.
   std::shared_ptr<const PayloadBytes> bytes;
+  // NCCL streams: the whole payload, packed, as uint8 [payload_bytes] on the
+  // NCCL device when the target computes on a GPU (sent from there), else on
+  // the host; the contract carries its device checksum.
+  torch::Tensor packed;
 };
 
 struct TeacherService::Job {
   std::shared_ptr<Stream> stream;
   SampleRequest request;
+  bool nccl = false;  // the stream's payloads go over NCCL (ReadySample::packed)
 };
 
 // --- One stream ------------------------------------------------------------------
@@ -544,7 +551,8 @@ class TeacherService::Stream final
            materialized_ < service_->options_.max_samples_per_stream) {
       ++in_flight_;
       ++materialized_;
-      service_->Enqueue(Job{shared_from_this(), std::move(queued_.front())});
+      service_->Enqueue(
+          Job{shared_from_this(), std::move(queued_.front()), transport_ == v1::TRANSPORT_NCCL});
       queued_.pop_front();
     }
   }
@@ -718,10 +726,15 @@ class TeacherService::Stream final
     while (true) {
       std::shared_ptr<const ReadySample> sample = NextPayload(/*more_messages=*/false);
       if (sample == nullptr) return;
-      const PayloadBytes& bytes = *sample->bytes;
-      absl::Status sent = (*channel)->Send(
-          bytes.size(),
-          [&](uint64_t offset, uint64_t n, char* dest) { bytes.CopyTo(offset, n, dest); });
+      const torch::Tensor& packed = sample->packed;
+      const uint64_t size = static_cast<uint64_t>(packed.numel());
+      const char* data = static_cast<const char*>(packed.data_ptr());
+      absl::Status sent =
+          packed.is_cuda()
+              ? (*channel)->SendDevice(data, size)
+              : (*channel)->Send(size, [&](uint64_t offset, uint64_t n, char* dest) {
+                  std::memcpy(dest, data + offset, n);
+                });
       absl::MutexLock lock(&mu_);
       if (!sent.ok()) {
         if (sent.code() != absl::StatusCode::kCancelled) EndLocked(sent);
@@ -1056,22 +1069,24 @@ void TeacherService::RunBatch(std::deque<Job>& batch) {
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     batch[i].stream->Deliver(batch[i].request.request_id(),
-                             BuildSample(batch[i].request, (*captures)[i]));
+                             BuildSample(batch[i].request, (*captures)[i], batch[i].nccl));
   }
 }
 
 absl::StatusOr<std::shared_ptr<const TeacherService::ReadySample>> TeacherService::BuildSample(
-    const SampleRequest& request, const SequenceCapture& capture) {
+    const SampleRequest& request, const SequenceCapture& capture, bool nccl) {
   const auto [row_begin, row_end] = RequestRows(request);
   SampleTensorsOptions tensor_options;
   tensor_options.hidden_dtype = payload_dtype_;
   tensor_options.keep_target_ids = options_.keep_target_ids;
+  tensor_options.on_capture_device = nccl;
   const std::string& mask = request.loss_mask();
   ASSIGN_OR_RETURN(
       std::vector<NamedTensor> tensors,
       SampleTensors(absl::MakeConstSpan(request.token_ids().data(), request.token_ids_size()),
                     absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(mask.data()), mask.size()),
                     capture, tensor_options, row_begin, row_end));
+  if (nccl) return BuildNcclSample(request, row_begin, row_end, tensors);
   std::vector<PayloadTensor> views;
   for (const NamedTensor& t : tensors) {
     ASSIGN_OR_RETURN(DType dtype, FromTorchDtype(t.tensor.scalar_type()));
@@ -1096,6 +1111,53 @@ absl::StatusOr<std::shared_ptr<const TeacherService::ReadySample>> TeacherServic
   } else {
     sample->bytes = std::make_shared<PayloadBytes>(std::move(tensors));
   }
+  return sample;
+}
+
+absl::StatusOr<std::shared_ptr<const TeacherService::ReadySample>>
+TeacherService::BuildNcclSample(const SampleRequest& request, int64_t row_begin, int64_t row_end,
+                                const std::vector<NamedTensor>& tensors) {
+  auto sample = std::make_shared<ReadySample>();
+  sample->request_id = request.request_id();
+  sample->sample_id = request.sample_id();
+  sample->row_begin = row_begin;
+  sample->row_end = row_end;
+  std::vector<PayloadTensorLayout> layouts;
+  std::vector<torch::Tensor> parts;
+  for (const NamedTensor& t : tensors) {
+    ASSIGN_OR_RETURN(DType dtype, FromTorchDtype(t.tensor.scalar_type()));
+    layouts.push_back({t.name, dtype, ShapeOf(t.tensor)});
+    parts.push_back(t.tensor.contiguous().view(-1).view(torch::kUInt8));
+  }
+  int64_t checksum = 0;
+  RETURN_IF_ERROR(CatchTorch("nccl payload", [&] {
+    // One buffer where the tensors are (the GPU the target computes on, or
+    // the host), sent as it is: on a GPU it never visits the host.
+    torch::Tensor packed = torch::cat(parts);
+    if (packed.is_cuda() && packed.device().index() != options_.nccl_device) {
+      packed = packed.to(torch::Device(torch::kCUDA, options_.nccl_device));
+    }
+    if (options_.corrupt_payload_for_testing) {
+      torch::Tensor host = packed.to(torch::kCPU).contiguous();
+      std::string bytes(static_cast<const char*>(host.data_ptr()), host.numel());
+      const uint64_t before = DeviceChecksumOf(bytes);
+      options_.corrupt_payload_for_testing(request.sample_id(), bytes);
+      TORCH_CHECK(bytes.size() == static_cast<size_t>(packed.numel()),
+                  "corrupt_payload_for_testing changed the payload's length");
+      // The checksum is of the bytes before the test changed them.
+      checksum = static_cast<int64_t>(before);
+      sample->packed = torch::from_blob(bytes.data(), {packed.numel()}, torch::kUInt8)
+                           .to(packed.device(), /*non_blocking=*/false, /*copy=*/true);
+      return;
+    }
+    // Reading the checksum waits for the forward's kernels, so the payload
+    // is complete before the NCCL thread sends it from another stream.
+    checksum = DeviceChecksum(packed).item<int64_t>();
+    sample->packed = packed;
+  }));
+  if (!sample->packed.defined()) return absl::InternalError("nccl payload: nothing packed");
+  ASSIGN_OR_RETURN(sample->contract,
+                   MakeDeviceContract(layouts, static_cast<uint64_t>(checksum)));
   return sample;
 }
 

@@ -14,8 +14,11 @@
 //     sample back to its stream.
 //   * Each TRANSPORT_NCCL stream has one NCCL thread: it joins the student's
 //     communicator (Opened is sent only then), queues each ready sample's
-//     header and sends its payload with NcclChannel::Send, which waits until
-//     the student has received it.
+//     header and sends its payload, which waits until the student has
+//     received it. An NCCL payload is one packed buffer with a device
+//     checksum (tensor.proto): on the GPU when the target computes there
+//     (NcclChannel::SendDevice, never through the host), else on the host
+//     (NcclChannel::Send).
 //   * Each TRANSPORT_SHM stream has one ring thread: it copies payload chunks
 //     into the student's ring, waiting for space (the only blocking wait),
 //     and queues the chunks' locators for the reactor to send.
@@ -53,6 +56,7 @@
 namespace specstream::teacher {
 
 class TargetRuntime;
+struct NamedTensor;
 struct SequenceCapture;
 
 struct TeacherServiceOptions {
@@ -180,8 +184,13 @@ class TeacherService final
   void ComputeLoop();
   // Runs `batch` through the runtime and hands each result to its stream.
   void RunBatch(std::deque<Job>& batch);
+  // The sample's payload for its stream: host bytes with a CRC32C, or for
+  // an NCCL stream (`nccl`) one packed buffer with a device checksum.
   absl::StatusOr<std::shared_ptr<const ReadySample>> BuildSample(
-      const v1::StreamRequest::SampleRequest& request, const SequenceCapture& capture);
+      const v1::StreamRequest::SampleRequest& request, const SequenceCapture& capture, bool nccl);
+  absl::StatusOr<std::shared_ptr<const ReadySample>> BuildNcclSample(
+      const v1::StreamRequest::SampleRequest& request, int64_t row_begin, int64_t row_end,
+      const std::vector<NamedTensor>& tensors);
 
   TargetRuntime& runtime_;
   const TeacherServiceOptions options_;

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <thread>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -81,6 +83,18 @@ absl::Status AwaitWorkers(c10d::Store& store, std::vector<pid_t>& workers,
   return absl::OkStatus();
 }
 
+// TP rank `rendezvous.rank`'s group for its activations on `device`: NCCL
+// over its own prefix of the TP store for a CUDA device; none on cpu (the
+// Gloo group serves).
+absl::StatusOr<c10::intrusive_ptr<CommGroup>> ActivationGroupOn(
+    const std::string& device, const RendezvousOptions& rendezvous,
+    const c10::intrusive_ptr<c10d::Store>& store) {
+  ASSIGN_OR_RETURN(torch::Device parsed, ParseDevice(device, "--devices"));
+  if (!parsed.is_cuda()) return c10::intrusive_ptr<CommGroup>();
+  return CreateNcclGroup(rendezvous, c10::make_intrusive<c10d::PrefixStore>("activations", store),
+                         parsed);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TensorParallelRuntime>> CreateTargetRuntime(
@@ -103,15 +117,12 @@ absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices
     out.emplace_back(absl::StripAsciiWhitespace(d));
   }
   if (out.empty()) return absl::InvalidArgumentError("--devices is empty");
-  const bool cuda = std::any_of(out.begin(), out.end(),
-                                [](const std::string& d) { return absl::StartsWith(d, "cuda"); });
-  if (cuda && out.size() > 1) {
-    // TP collectives over CUDA tensors need NCCL process groups, which are
-    // not built yet; Gloo would stage every all-reduce through the host.
-    return absl::FailedPreconditionError(
+  const auto cuda_ranks = std::count_if(
+      out.begin(), out.end(), [](const std::string& d) { return absl::StartsWith(d, "cuda"); });
+  if (cuda_ranks > 0 && cuda_ranks < static_cast<int64_t>(out.size())) {
+    return absl::InvalidArgumentError(
         absl::StrCat("--devices ", absl::StrJoin(out, ","),
-                     ": tensor parallelism across CUDA devices needs NCCL process groups, which "
-                     "this version does not have yet; serve on one CUDA device or on cpu ranks"));
+                     ": the TP ranks of a teacher are all cpu or all CUDA devices"));
   }
   for (std::string& device : out) {
     if (device == "meta") {  // a test device, not one to serve on
@@ -120,6 +131,13 @@ absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices
     }
     ASSIGN_OR_RETURN(torch::Device parsed, ParseDevice(device, "--devices"));
     device = parsed.str();
+  }
+  if (cuda_ranks > 1 && !SPECSTREAM_WITH_TORCH_NCCL) {
+    // Gloo would stage every all-reduce of CUDA activations through the host.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--devices ", absl::StrJoin(out, ","),
+        ": tensor parallelism across CUDA devices runs over NCCL process groups, and this "
+        "build's LibTorch has none (SPECSTREAM_WITH_TORCH_NCCL=0); serve on one CUDA device"));
   }
   return out;
 }
@@ -176,7 +194,8 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
   ASSIGN_OR_RETURN(launched->runtime_, CreateTargetRuntime(spec.runtime, options));
   RETURN_IF_ERROR(AwaitWorkers(*store, launched->workers_, spec.setup_timeout));
   ASSIGN_OR_RETURN(launched->group_, CreateGlooGroup(rendezvous, store));
-  launched->runtime_->AttachGroup(launched->group_.group);
+  ASSIGN_OR_RETURN(auto activations, ActivationGroupOn(spec.devices[0], rendezvous, store));
+  launched->runtime_->AttachGroup(launched->group_.group, std::move(activations));
   return launched;
 }
 
@@ -247,7 +266,8 @@ absl::Status RunTpWorker(const WorkerOptions& o) {
   }
   store->set(ReadyKey(o.rank), std::vector<uint8_t>{1});
   ASSIGN_OR_RETURN(auto group, CreateGlooGroup(rendezvous, store));
-  (*runtime)->AttachGroup(group.group);
+  ASSIGN_OR_RETURN(auto activations, ActivationGroupOn(o.device, rendezvous, store));
+  (*runtime)->AttachGroup(group.group, std::move(activations));
   return (*runtime)->RunFollower();
 }
 

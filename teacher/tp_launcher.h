@@ -4,6 +4,10 @@
 // `specstream-teacher tp-worker`, which load their shard and follow the
 // leader's broadcasts.
 //
+// Devices: every rank loads its shard straight to its device; on CUDA
+// devices the TP all-reduces and EP all-to-alls run over an NCCL group (in
+// native bf16), next to the Gloo group that carries the leader's requests.
+//
 // Rendezvous: the leader hosts a TCPStore on a free loopback port. Each worker
 // reports "ready/<rank>" or "failed/<rank>" (with the reason) in the store
 // after loading, so a load error in any rank surfaces in the leader as a
@@ -59,8 +63,10 @@ class LaunchedRuntime final {
 
 absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec& spec);
 
-// Parses "cpu,cpu" / "cuda:0"; refuses unknown or unavailable devices, and
-// more than one rank when any is a CUDA device (TP over NCCL is not built yet).
+// Parses "cpu,cpu" / "cuda:0,cuda:1"; refuses unknown or unavailable devices,
+// cpu and CUDA ranks mixed, and several CUDA ranks in a build without NCCL
+// process groups. CUDA ranks run their activations' collectives over NCCL
+// (TargetRuntimeOptions::device_group), the leader's requests over Gloo.
 absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices);
 
 struct WorkerOptions {

@@ -36,8 +36,13 @@ struct TargetRuntimeOptions {
   // run one token at a time (tp_size 1 only). Slow; never in serving.
   bool moe_per_token_loop = false;
   // Required when tp_size > 1, before Forward/RunFollower; may be attached
-  // after Create (AttachGroup) so that loading errors surface first.
+  // after Create (AttachGroup) so that loading errors surface first. `group`
+  // (Gloo) carries the leader's requests (host tensors); `device_group`
+  // carries the activations' collectives (TP all-reduce, EP all-to-all) on
+  // `device`: an NCCL group for CUDA devices, null on CPU (then `group`
+  // serves both).
   c10::intrusive_ptr<CommGroup> group;
+  c10::intrusive_ptr<CommGroup> device_group;
   // Bound on attention score elements held at once (blockwise attention).
   int64_t max_score_elements = int64_t{1} << 22;
   // Where this rank's weights live and its forward runs: "cpu", "cuda:N"
@@ -56,8 +61,10 @@ class TensorParallelRuntime : public TargetRuntime {
  public:
   // Rank 0: validates the request, broadcasts it to the followers, computes.
   absl::StatusOr<std::vector<SequenceCapture>> Forward(const ForwardRequest& request) final;
-  void AttachGroup(c10::intrusive_ptr<CommGroup> group) {
+  void AttachGroup(c10::intrusive_ptr<CommGroup> group,
+                   c10::intrusive_ptr<CommGroup> device_group = {}) {
     options_.group = std::move(group);
+    options_.device_group = std::move(device_group);
   }
   // Followers (tp_rank > 0): serve the leader's broadcasts until stopped.
   absl::Status RunFollower();
@@ -75,6 +82,11 @@ class TensorParallelRuntime : public TargetRuntime {
   virtual absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
                                                                const std::vector<int64_t>& lengths,
                                                                bool want_target_ids) = 0;
+
+  // The group for collectives on device_ tensors (see TargetRuntimeOptions).
+  CommGroup& ActivationGroup() const {
+    return options_.device_group ? *options_.device_group : *options_.group;
+  }
 
   TargetRuntimeOptions options_;
   torch::Device device_ = torch::kCPU;  // options_.device, parsed at load

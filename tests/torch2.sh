@@ -27,8 +27,10 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build "$BUILD"
 echo "torch2.sh: build done after $(( $(date +%s) - start )) s"
 
-# The tokenizer parity fixtures, as tests/run.sh fetches them for build/.
+# The tokenizer parity fixtures, as tests/run.sh fetches them for build/,
+# and the Kubernetes check packages (shared with build/; a no-op when there).
 bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
+bash tests/k8s/install.sh
 
 # shellcheck disable=SC2086
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 -LE bench ${CTEST_ARGS:-}

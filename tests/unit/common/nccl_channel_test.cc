@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/nccl_util.h"
+#include "cuda_runtime_api.h"
 #include "gtest/gtest.h"
 #include "tests/testing/nccl_peer.h"
 
@@ -30,8 +31,15 @@ using testing::FirstMismatch;
 
 constexpr uint64_t kPiece = NcclChannel::kPieceBytes;
 
+// Payload i travels from device memory on the sender when odd, and into
+// device memory on the receiver when (i / 2) is odd: every pairing of host
+// and device ends in the "mixed" runs.
+bool SenderOnDevice(size_t i) { return i % 2 == 1; }
+bool ReceiverOnDevice(size_t i) { return (i / 2) % 2 == 1; }
+
 // The teacher side, in the child process. Modes:
 //   send  - sends every payload of SPECSTREAM_NCCL_SIZES (pattern seed = index)
+//   mixed - the same, from device memory for the payloads SenderOnDevice names
 //   die   - sends the first payload but exits while staging its second piece
 //   stall - joins, then sleeps without sending
 int RunPeer(const std::string& mode) {
@@ -60,10 +68,24 @@ int RunPeer(const std::string& mode) {
     sizes.push_back(v);
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
-    absl::Status sent = (*channel)->Send(sizes[i], [&](uint64_t offset, uint64_t n, char* dest) {
-      if (mode == "die" && offset >= kPiece) _exit(3);  // killed mid-payload
-      FillPattern(i, offset, n, dest);
-    });
+    absl::Status sent;
+    if (mode == "mixed" && SenderOnDevice(i) && sizes[i] > 0) {
+      std::string host(sizes[i], '\0');
+      FillPattern(i, 0, sizes[i], host.data());
+      void* device_buffer = nullptr;
+      if (cudaMalloc(&device_buffer, sizes[i]) != cudaSuccess ||
+          cudaMemcpy(device_buffer, host.data(), sizes[i], cudaMemcpyHostToDevice) !=
+              cudaSuccess) {
+        return 14;
+      }
+      sent = (*channel)->SendDevice(device_buffer, sizes[i]);
+      cudaFree(device_buffer);
+    } else {
+      sent = (*channel)->Send(sizes[i], [&](uint64_t offset, uint64_t n, char* dest) {
+        if (mode == "die" && offset >= kPiece) _exit(3);  // killed mid-payload
+        FillPattern(i, offset, n, dest);
+      });
+    }
     if (!sent.ok()) {
       fprintf(stderr, "peer: send %zu failed: %s\n", i, sent.ToString().c_str());
       return 13;
@@ -122,6 +144,34 @@ TEST_F(NcclChannelTest, PayloadsOfEverySizeArriveIntact) {
     EXPECT_EQ(FirstMismatch(i, payload.data(), payload.size()), -1) << "payload " << i;
     printf("payload %zu: %llu bytes in %s\n", i, static_cast<unsigned long long>(sizes[i]),
            absl::FormatDuration(absl::Now() - start).c_str());
+  }
+  EXPECT_EQ(testing::WaitChild(peer, absl::Seconds(60)), 0);
+  EXPECT_TRUE((*channel)->health().ok());
+}
+
+// Payloads sent from device memory (SendDevice) and received into it
+// (RecvDevice) take the same pieces as host ones, so each kind pairs with
+// the other: the bytes arrive intact in all four pairings.
+TEST_F(NcclChannelTest, DeviceAndHostPayloadsPairEitherWay) {
+  const std::vector<uint64_t> sizes = {kPiece + 3, 4097, 3 * kPiece + 5, 1, 17, kPiece, 2 * kPiece};
+  const pid_t peer = StartPeer("mixed", sizes);
+  auto channel = JoinAsStudent(absl::Seconds(60));
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::string payload(sizes[i], '\0');
+    if (ReceiverOnDevice(i)) {
+      void* device_buffer = nullptr;
+      ASSERT_EQ(cudaMalloc(&device_buffer, sizes[i]), cudaSuccess);
+      ASSERT_TRUE((*channel)->RecvDevice(device_buffer, sizes[i]).ok()) << i;
+      ASSERT_EQ(cudaMemcpy(payload.data(), device_buffer, sizes[i], cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      cudaFree(device_buffer);
+    } else {
+      ASSERT_TRUE((*channel)->Recv(payload.data(), payload.size()).ok()) << i;
+    }
+    EXPECT_EQ(FirstMismatch(i, payload.data(), payload.size()), -1)
+        << "payload " << i << (SenderOnDevice(i) ? " from device" : " from host")
+        << (ReceiverOnDevice(i) ? " into device" : " into host");
   }
   EXPECT_EQ(testing::WaitChild(peer, absl::Seconds(60)), 0);
   EXPECT_TRUE((*channel)->health().ok());

@@ -172,6 +172,37 @@ TEST(ContractTest, VerifyPayloadCatchesLengthAndCorruption) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("payload_bytes"));
 }
 
+// An NCCL payload's contract: the same layout as MakeContract's, checked by
+// the device checksum instead of the CRC32C.
+TEST(ContractTest, DeviceContractIsCheckedByTheDeviceChecksum) {
+  std::mt19937_64 rng(5);
+  const std::string ids = RandomBytes(rng, 4 * 5), hidden = RandomBytes(rng, 2 * 5 * 6);
+  const std::string whole = ids + hidden;
+  auto host = MakeContract({{"input_ids", DType::kI32, {5}, ids},
+                            {"aux_hidden", DType::kBF16, {5, 6}, hidden}});
+  auto device = MakeDeviceContract({{"input_ids", DType::kI32, {5}},
+                                     {"aux_hidden", DType::kBF16, {5, 6}}},
+                                    DeviceChecksumOf(whole));
+  ASSERT_TRUE(host.ok() && device.ok()) << host.status() << device.status();
+  EXPECT_TRUE(device->has_device_checksum());
+  EXPECT_EQ(device->crc32c(), 0u);
+  ASSERT_EQ(device->tensors_size(), host->tensors_size());
+  for (int i = 0; i < device->tensors_size(); ++i) {
+    EXPECT_EQ(device->tensors(i).offset(), host->tensors(i).offset());
+    EXPECT_EQ(device->tensors(i).nbytes(), host->tensors(i).nbytes());
+  }
+  EXPECT_EQ(device->payload_bytes(), whole.size());
+  EXPECT_TRUE(VerifyPayload(*device, whole).ok());
+  std::string corrupt = whole;
+  corrupt[31] ^= 1;
+  const absl::Status s = VerifyPayload(*device, corrupt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("device checksum"));
+  // Shapes are checked as for any contract.
+  EXPECT_EQ(MakeDeviceContract({{"x", DType::kF32, {-1}}}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A valid two-tensor contract that each rejection case breaks in one place.
 v1::TensorContract GoodContract() {
   v1::TensorContract c;
