@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The one test command: installs missing dependencies, builds (Ninja, ccache
 # when present), fetches the tokenizer fixtures, runs every ctest test and the
-# fuzzers. Exits non-zero on any failure.
+# fuzzers on Debian's LibTorch 1.13; then the unit and integration suites on
+# pip torch 2.13 (tests/torch2.sh), and compiles the CUDA code paths against
+# pip torch 2.14.1+cu130 (tests/cuda_build.sh). Exits non-zero on any
+# failure.
 #
 #   ./tests/run.sh                 everything
 #   CTEST_ARGS="-L unit" ./tests/run.sh   pass extra arguments to ctest
-#   SKIP_FUZZ=1 ./tests/run.sh     leave the 2×30 s fuzz runs out
-#   SPECSTREAM_TORCH2=1 ./tests/run.sh   also the suites on LibTorch 2.13 (tests/torch2.sh)
+#   SKIP_FUZZ=1 ./tests/run.sh     leave the 2x30 s fuzz runs out
+#   SKIP_TORCH2=1 ./tests/run.sh   leave the LibTorch 2.13 suites out
+#   SKIP_CUDA_BUILD=1 ./tests/run.sh   leave the CUDA compile check out
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -44,13 +48,34 @@ fi
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 ${CTEST_ARGS:-}
 echo "run.sh: ctest done after $(( $(date +%s) - start )) s"
 
+# The pip torches of the later steps install while the fuzzers run (they
+# keep one core busy; unpacking the wheels takes the other).
+pip_log=$(mktemp)
+pip_pid=""
+if [[ -z "${SKIP_TORCH2:-}" || -z "${SKIP_CUDA_BUILD:-}" ]]; then
+  (
+    [[ -n "${SKIP_TORCH2:-}" ]] || tests/testing/pip_torch.sh "$ROOT/.venv-torch2" 2.13.0
+    [[ -n "${SKIP_CUDA_BUILD:-}" ]] || tests/testing/pip_torch.sh "$ROOT/.venv-cuda" 2.14.1 cuda
+  ) >"$pip_log" 2>&1 &
+  pip_pid=$!
+fi
 if [[ -z "${SKIP_FUZZ:-}" ]]; then
   tests/fuzz/run.sh
 fi
+if [[ -n "$pip_pid" ]] && ! wait "$pip_pid"; then
+  cat "$pip_log" >&2
+  echo "run.sh: installing the pip torches failed" >&2
+  exit 1
+fi
+rm -f "$pip_log"
+echo "run.sh: fuzzing and pip torches done after $(( $(date +%s) - start )) s"
 
-# The unit and integration suites again against pip torch 2.13 (LibTorch
-# 2.x, CPU) in build-torch2/: about 30 more minutes on two cores, so opt-in.
-if [[ -n "${SPECSTREAM_TORCH2:-}" ]]; then
+if [[ -z "${SKIP_TORCH2:-}" ]]; then
   tests/torch2.sh
+  echo "run.sh: LibTorch 2.13 suites done after $(( $(date +%s) - start )) s"
+fi
+if [[ -z "${SKIP_CUDA_BUILD:-}" ]]; then
+  tests/cuda_build.sh
+  echo "run.sh: CUDA build done after $(( $(date +%s) - start )) s"
 fi
 echo "run.sh: all green after $(( $(date +%s) - start )) s"

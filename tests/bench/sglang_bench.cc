@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
   }
   int reps = 5;
   double min_skewed_ratio = 2.0;
-  std::string teacher_bin = SPECSTREAM_TEACHER_BIN;
+  std::string teacher_bin = SPECSTREAM_TEACHER_PATH;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--teacher-bin")) teacher_bin = argv[i + 1];

@@ -79,7 +79,14 @@ at::Tensor& MetaWhereOut(const at::Tensor& condition, const at::Tensor& self,
   return out;
 }
 
+// logsumexp masks infinite maxima with abs() == inf.
+at::Tensor& MetaAbsOut(const at::Tensor& self, at::Tensor& out) {
+  out.resize_(self.sizes());
+  return out;
+}
+
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("abs.out", &MetaAbsOut);
   m.impl("index_select", &MetaIndexSelect);
   m.impl("where.self", &MetaWhere);
   m.impl("where.self_out", &MetaWhereOut);
