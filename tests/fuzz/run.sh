@@ -36,5 +36,12 @@ run() {
   echo "fuzz: $name ran ${SECONDS_PER_TARGET}s, ${execs} execs, no crash"
 }
 
-run safetensors_fuzz
-run tokenizer_fuzz
+# Both at once: each fuzzer keeps one core.
+run safetensors_fuzz &
+safetensors=$!
+run tokenizer_fuzz &
+tokenizer=$!
+failed=0
+wait "$safetensors" || failed=1
+wait "$tokenizer" || failed=1
+exit "$failed"
