@@ -70,5 +70,19 @@ if(SPECSTREAM_TORCH_VERSION VERSION_GREATER_EQUAL 2)
     list(TRANSFORM TORCH_INCLUDE_DIRS REPLACE "^${_root}" "${_shim}")
   endif()
 endif()
+# c10d's ProcessGroupGloo.hpp includes Gloo's headers, which a pip or zip
+# LibTorch does not ship: take them from the system (Debian's libgloo-dev,
+# or its unpacked package in a prefix on CMAKE_PREFIX_PATH).
+if(NOT EXISTS "${TORCH_INSTALL_PREFIX}/include/gloo" AND TARGET torch)
+  find_path(SPECSTREAM_GLOO_INCLUDE_DIR gloo/config.h)
+  if(NOT SPECSTREAM_GLOO_INCLUDE_DIR)
+    message(FATAL_ERROR "LibTorch ${SPECSTREAM_TORCH_VERSION} at ${Torch_DIR} has no Gloo "
+      "headers and none were found (install libgloo-dev, or put its unpacked package on "
+      "CMAKE_PREFIX_PATH)")
+  endif()
+  set_property(TARGET torch APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES
+    "${SPECSTREAM_GLOO_INCLUDE_DIR}")
+endif()
+
 message(STATUS "SpecStream: LibTorch ${SPECSTREAM_TORCH_VERSION} (${Torch_DIR}), "
   "C++${CMAKE_CXX_STANDARD}")
