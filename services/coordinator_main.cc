@@ -54,11 +54,36 @@ struct Flags {
   double lost_after_s = 10;
 };
 
-absl::Status Run(const Flags& flags) {
+// What the flags say that can be checked away from the coordinator's
+// machine: timing, ports, the database path, TLS files given in pairs. Run
+// runs it first; --check-config runs only it (the Kubernetes manifest
+// checks run each overlay's flags through it). Returns a one-line summary.
+absl::StatusOr<std::string> CheckConfig(const Flags& flags) {
   if (flags.heartbeat_ms <= 0) return absl::InvalidArgumentError("--heartbeat-ms: must be > 0");
   if (flags.lost_after_s * 1000 <= flags.heartbeat_ms) {
     return absl::InvalidArgumentError("--lost-after-s: must exceed the heartbeat interval");
   }
+  if (flags.port < 0 || flags.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port ", flags.port, " not in [0, 65535]"));
+  }
+  if (flags.metrics_port < -1 || flags.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port ", flags.metrics_port, " not in [-1, 65535]"));
+  }
+  if (flags.db.empty()) return absl::InvalidArgumentError("--db: must not be empty");
+  if (flags.tls.cert.empty() != flags.tls.key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
+  }
+  if (!flags.tls.client_ca.empty() && flags.tls.cert.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca: needs --tls-cert and --tls-key");
+  }
+  return absl::StrCat("port ", flags.port, ", db ", flags.db, ", heartbeat ", flags.heartbeat_ms,
+                      " ms, lost after ", flags.lost_after_s, " s, tls ",
+                      flags.tls.cert.empty() ? "off" : "on");
+}
+
+absl::Status Run(const Flags& flags) {
+  RETURN_IF_ERROR(CheckConfig(flags).status());
   RETURN_IF_ERROR(InstallShutdownSignals());
 
   ASSIGN_OR_RETURN(std::string token, LoadToken(flags.token_file));
@@ -156,6 +181,9 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", flags.heartbeat_ms, "Heartbeat interval daemons use");
   app.add_option("--lost-after-s", flags.lost_after_s,
                  "Seconds without a heartbeat before a daemon counts as lost");
+  bool check_config = false;
+  app.add_flag("--check-config", check_config,
+               "Check the flags (timing, ports, paths given; not the files), print OK and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -167,6 +195,15 @@ int main(int argc, char** argv) {
   logging.level = log_level;
   if (!specstream::InitLogging(logging)) {
     std::cerr << "specstream-coordinator: unknown --log-level \"" << log_level << "\"\n";
+    return 2;
+  }
+  if (check_config) {
+    absl::StatusOr<std::string> summary = CheckConfig(flags);
+    if (summary.ok()) {
+      std::cout << "specstream-coordinator: configuration OK: " << *summary << "\n";
+      return 0;
+    }
+    std::cerr << "specstream-coordinator: " << summary.status().message() << "\n";
     return 2;
   }
   absl::Status status = Run(flags);

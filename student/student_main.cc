@@ -22,8 +22,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_auth.h"
 #include "common/logging.h"
+#include "common/net_address.h"
 #include "common/openmp_wait.h"
 #include "common/shutdown_signal.h"
 #include "common/status.h"
@@ -191,7 +193,38 @@ struct ServeFlags {
   std::string token_file;
 };
 
+// What a student daemon's flags say that can be checked away from its
+// machine: the coordinator's address, ports, the work directory, the
+// devices' names (not that the machine has them). RunServe runs it first;
+// `serve --check-config` runs only it (the Kubernetes manifest checks run
+// each overlay's flags through it). Returns a one-line summary.
+absl::StatusOr<std::string> CheckServeConfig(const ServeFlags& flags) {
+  const services::StudentDaemonOptions& d = flags.daemon;
+  RETURN_IF_ERROR(SplitHostPort(d.coordinator, "--coordinator").status());
+  if (d.port < 0 || d.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port ", d.port, " not in [0, 65535]"));
+  }
+  if (d.metrics_port < -1 || d.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port ", d.metrics_port, " not in [-1, 65535]"));
+  }
+  if (d.workdir.empty()) return absl::InvalidArgumentError("--workdir: must not be empty");
+  if (d.stop_grace_seconds < 0) {
+    return absl::InvalidArgumentError("--stop-grace: must be >= 0 seconds");
+  }
+  for (const std::string& device : d.devices) {
+    if (device == "auto" || !IsTrainingDevice(device)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices: unknown device \"", device, "\" (expected cpu, cuda or cuda:N)"));
+    }
+  }
+  return absl::StrCat("coordinator ", d.coordinator, ", devices ",
+                      d.devices.empty() ? "(training.device)" : absl::StrJoin(d.devices, ","),
+                      ", workdir ", d.workdir);
+}
+
 absl::Status RunServe(ServeFlags flags) {
+  RETURN_IF_ERROR(CheckServeConfig(flags).status());
   ASSIGN_OR_RETURN(flags.daemon.token, LoadToken(flags.token_file));
   ASSIGN_OR_RETURN(auto daemon, services::StudentDaemon::Create(std::move(flags.daemon)));
   std::cout << "listening on " << daemon->address() << std::endl;
@@ -280,6 +313,10 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--tls-ca", daemon.tls.ca, "PEM roots to verify the coordinator (TLS)");
   serve_cmd->add_option("--tls-cert", daemon.tls.cert, "Client certificate (mutual TLS)");
   serve_cmd->add_option("--tls-key", daemon.tls.key, "Client key (mutual TLS)");
+  bool check_config = false;
+  serve_cmd->add_flag("--check-config", check_config,
+                      "Check the flags (addresses, ports, devices' names; not the machine), "
+                      "print OK and exit");
 
   try {
     app.parse(argc, argv);
@@ -296,6 +333,12 @@ int main(int argc, char** argv) {
   if (!InitLogging(logging)) {
     std::cerr << "specstream-student: unknown --log-level \"" << log_level << "\"\n";
     return 2;
+  }
+  if (*serve_cmd && check_config) {
+    absl::StatusOr<std::string> summary = CheckServeConfig(serve);
+    if (!summary.ok()) return ExitCode(summary.status());
+    std::cout << "specstream-student serve: configuration OK: " << *summary << "\n";
+    return 0;
   }
   if (*serve_cmd) return ExitCode(RunServe(std::move(serve)));
   if (*train_cmd) return ExitCode(Train(config_path, resume, train_host, train_device, -1));

@@ -143,23 +143,28 @@ absl::StatusOr<std::vector<int>> ResolveCaptureLayers(const std::vector<int>& re
   return capture;
 }
 
-absl::Status CheckParallelLayout(const HfModelConfig& c, const ParallelLayout& layout) {
-  const int tp_size = layout.tp_size, ep_size = layout.ep_size;
-  if (tp_size < 1 || layout.tp_rank < 0 || layout.tp_rank >= tp_size) {
-    return absl::InvalidArgumentError(absl::StrCat("tp rank ", layout.tp_rank, " of ", tp_size));
-  }
+absl::Status CheckExpertParallelSize(int ep_size, int tp_size) {
   if (ep_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--ep ", ep_size, " must be at least 1"));
-  }
-  if (ep_size > 1 && !c.is_moe()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--ep ", ep_size, ": model_type \"", c.model_type,
-                     "\" has no experts (expert parallelism is for qwen3_moe and mixtral)"));
   }
   if (tp_size % ep_size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--ep ", ep_size, " does not divide the tensor-parallel size ", tp_size,
                      ": expert parallelism runs within the tensor-parallel group"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckParallelLayout(const HfModelConfig& c, const ParallelLayout& layout) {
+  const int tp_size = layout.tp_size, ep_size = layout.ep_size;
+  if (tp_size < 1 || layout.tp_rank < 0 || layout.tp_rank >= tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat("tp rank ", layout.tp_rank, " of ", tp_size));
+  }
+  RETURN_IF_ERROR(CheckExpertParallelSize(ep_size, tp_size));
+  if (ep_size > 1 && !c.is_moe()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ep ", ep_size, ": model_type \"", c.model_type,
+                     "\" has no experts (expert parallelism is for qwen3_moe and mixtral)"));
   }
   auto refuse = [&](const char* field, int64_t value) {
     return absl::InvalidArgumentError(

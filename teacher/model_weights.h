@@ -81,6 +81,10 @@ absl::StatusOr<torch::Dtype> ResolveComputeDtype(const std::string& requested,
 absl::StatusOr<std::vector<int>> ResolveCaptureLayers(const std::vector<int>& requested,
                                                       const HfModelConfig& config);
 
+// InvalidArgument naming --ep unless 1 <= ep_size and ep_size divides
+// tp_size (the part of CheckParallelLayout that needs no config.json).
+absl::Status CheckExpertParallelSize(int ep_size, int tp_size);
+
 // InvalidArgument, naming the flag or config field, unless the layout can
 // serve the model: heads, kv heads and dense intermediate sizes divide by
 // tp_size; ep_size is 1 for dense models and otherwise divides tp_size and

@@ -25,6 +25,7 @@
 #include "common/grpc_auth.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/net_address.h"
 #include "common/openmp_wait.h"
 #include "common/shm_ring.h"
 #include "common/shutdown_signal.h"
@@ -33,6 +34,8 @@
 #include "services/registration.h"
 #include "teacher/dump.h"
 #include "teacher/init_random.h"
+#include "teacher/model_weights.h"
+#include "teacher/sample_tensors.h"
 #include "teacher/teacher_service.h"
 #include "teacher/tp_launcher.h"
 #if SPECSTREAM_WITH_NCCL
@@ -101,13 +104,22 @@ struct RuntimeFlags {
     app->add_option("--runtime", runtime, "Target runtime: hf | sglang (token-packed, fused)");
   }
 
-  absl::StatusOr<std::unique_ptr<LaunchedRuntime>> Launch() const {
+  // The launch these flags describe. `check_machine` false checks what can
+  // be checked anywhere (names, numbers, the TP/EP layout), not that this
+  // machine has the devices (--check-config).
+  absl::StatusOr<RuntimeSpec> Spec(bool check_machine) const {
     RuntimeSpec spec;
+    if (runtime != "hf" && runtime != "sglang") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--runtime \"", runtime, "\" (available: hf, sglang)"));
+    }
+    // The loader's own dtype rule ("auto" resolved later, from config.json).
+    RETURN_IF_ERROR(ResolveComputeDtype(dtype, HfModelConfig{}).status());
     spec.runtime = runtime;
     spec.model_dir = model;
     spec.dtype = dtype;
     ASSIGN_OR_RETURN(spec.capture_layer_ids, ParseIntList("--capture-layers", capture));
-    ASSIGN_OR_RETURN(spec.devices, ParseDevices(devices));
+    ASSIGN_OR_RETURN(spec.devices, ParseDevices(devices, check_machine));
     if (tp < 0) return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, " must be positive"));
     if (tp > 0 && spec.devices == std::vector<std::string>{"cpu"}) {
       spec.devices.assign(tp, "cpu");
@@ -115,8 +127,14 @@ struct RuntimeFlags {
       return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, " does not match the ",
                                                      spec.devices.size(), " --devices given"));
     }
+    RETURN_IF_ERROR(CheckExpertParallelSize(ep, static_cast<int>(spec.devices.size())));
     spec.ep_size = ep;
     spec.log_level = log_level;
+    return spec;
+  }
+
+  absl::StatusOr<std::unique_ptr<LaunchedRuntime>> Launch() const {
+    ASSIGN_OR_RETURN(RuntimeSpec spec, Spec(/*check_machine=*/true));
     spec.worker_executable = SelfExecutable();
     return LaunchRuntime(spec);
   }
@@ -215,12 +233,49 @@ absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& 
   return device;  // TeacherService::Create checks that it exists
 }
 
-absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
+// Everything serve's flags say that can be checked before the model loads
+// and away from the machine they are meant for: names, numbers, ranges,
+// the device list's names and TP/EP layout (not that the devices exist),
+// the coordinator's address. RunServe runs it first; `serve
+// --check-config` runs only it (the Kubernetes manifest checks run each
+// overlay's flags through it). Returns a one-line summary.
+absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const ServeFlags& serve) {
+  ASSIGN_OR_RETURN(const RuntimeSpec spec, flags.Spec(/*check_machine=*/false));
+  RETURN_IF_ERROR(ParseHiddenDType("--payload-dtype", serve.payload_dtype).status());
+  if (serve.nccl_device != "auto" && serve.nccl_device != "none") {
+    int index = -1;
+    if (!absl::SimpleAtoi(serve.nccl_device, &index) || index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--nccl-device: \"", serve.nccl_device, "\" is not auto, none or a device index"));
+    }
+  }
+  if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
   if (serve.shutdown_timeout_s < 0) {
     return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
   }
+  if (serve.port < 0 || serve.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port ", serve.port, " not in [0, 65535]"));
+  }
+  if (serve.metrics_port < -1 || serve.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port ", serve.metrics_port, " not in [-1, 65535]"));
+  }
+  if (serve.host.empty()) return absl::InvalidArgumentError("--host: empty");
+  if (serve.batch_tokens < 1) return absl::InvalidArgumentError("--batch-tokens must be >= 1");
+  if (serve.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
+  if (serve.chunk_kib < 1) return absl::InvalidArgumentError("--chunk-kib must be >= 1");
+  if (!serve.coordinator.empty()) {
+    RETURN_IF_ERROR(SplitHostPort(serve.coordinator, "--coordinator").status());
+  }
+  return absl::StrCat("runtime ", spec.runtime, ", ", spec.devices.size(), " TP rank(s) on ",
+                      absl::StrJoin(spec.devices, ","), ", EP ", spec.ep_size, ", ", spec.dtype,
+                      ", payloads ", serve.payload_dtype, ", port ", serve.port,
+                      serve.coordinator.empty() ? "" : ", coordinator " + serve.coordinator);
+}
+
+absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
+  RETURN_IF_ERROR(CheckServeConfig(flags, serve).status());
   ASSIGN_OR_RETURN(const int nccl_device, NcclDeviceFlag(serve.nccl_device, flags.devices));
-  if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
   // Handlers first, so a signal that arrives while the model loads still
   // ends in an orderly shutdown once it has loaded.
   RETURN_IF_ERROR(InstallShutdownSignals());
@@ -409,6 +464,10 @@ int main(int argc, char** argv) {
                         "Prometheus /metrics HTTP port (0: any free one; default off)");
   serve_cmd->add_option("--metrics-port-file", serve.metrics_port_file,
                         "Write the metrics port here");
+  bool check_config = false;
+  serve_cmd->add_flag("--check-config", check_config,
+                      "Check the flags (names, values, device names and TP/EP layout; not the "
+                      "model or the devices themselves), print OK and exit");
 
   WorkerOptions worker;
   std::string worker_capture;
@@ -452,6 +511,12 @@ int main(int argc, char** argv) {
     absl::Status shutdown = (*launched)->Shutdown();
     if (!summary.ok()) return ExitCode(summary.status());
     return ExitCode(shutdown);
+  }
+  if (*serve_cmd && check_config) {
+    absl::StatusOr<std::string> summary = CheckServeConfig(serve_flags, serve);
+    if (!summary.ok()) return ExitCode(summary.status());
+    std::cout << "specstream-teacher serve: configuration OK: " << *summary << "\n";
+    return 0;
   }
   if (*serve_cmd) return ExitCode(RunServe(serve_flags, serve));
   if (*worker_cmd) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/hf_config.h"
 #include "common/logging.h"
+#include "common/net_address.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "teacher/hf_runtime.h"
@@ -35,12 +36,18 @@ constexpr std::chrono::seconds kWorkerExitDeadline{30};
 std::string ReadyKey(int rank) { return absl::StrCat("ready/", rank); }
 std::string FailedKey(int rank) { return absl::StrCat("failed/", rank); }
 
-absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args) {
+// Starts `args` with this process's environment plus `extra` ("NAME=value").
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args,
+                            const std::vector<std::string>& extra) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const std::string& e : extra) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   pid_t pid = 0;
-  int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+  int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
   if (err != 0) {
     return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", std::strerror(err)));
   }
@@ -83,6 +90,20 @@ absl::Status AwaitWorkers(c10d::Store& store, std::vector<pid_t>& workers,
   return absl::OkStatus();
 }
 
+// Ranks on one GPU (`--devices cuda:0,cuda:0`: a machine with one GPU, or
+// tests) must look like separate hosts to NCCL before 2.30, which refuses
+// two ranks of a communicator on one device; each such rank then gets an
+// NCCL_HOSTID of its own (and NCCL talks between them over its socket
+// transport, as between two hosts). Empty when NCCL_HOSTID is set or no
+// GPU is shared.
+std::string SharedGpuHostId(const std::vector<std::string>& devices, int rank) {
+  if (std::getenv("NCCL_HOSTID") != nullptr) return "";
+  const std::string& mine = devices[rank];
+  if (!absl::StartsWith(mine, "cuda")) return "";
+  if (std::count(devices.begin(), devices.end(), mine) < 2) return "";
+  return absl::StrCat(LocalHostname(), "-", getpid(), "-tp", rank);
+}
+
 // TP rank `rendezvous.rank`'s group for its activations on `device`: NCCL
 // over its own prefix of the TP store for a CUDA device; none on cpu (the
 // Gloo group serves).
@@ -111,7 +132,8 @@ absl::StatusOr<std::unique_ptr<TensorParallelRuntime>> CreateTargetRuntime(
       absl::StrCat("--runtime \"", runtime, "\" (available: hf, sglang)"));
 }
 
-absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices) {
+absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices,
+                                                      bool check_machine) {
   std::vector<std::string> out;
   for (absl::string_view d : absl::StrSplit(devices, ',', absl::SkipWhitespace())) {
     out.emplace_back(absl::StripAsciiWhitespace(d));
@@ -129,10 +151,11 @@ absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices
       return absl::InvalidArgumentError(
           "--devices: unknown device \"meta\" (expected cpu, cuda or cuda:N)");
     }
-    ASSIGN_OR_RETURN(torch::Device parsed, ParseDevice(device, "--devices"));
+    ASSIGN_OR_RETURN(torch::Device parsed, check_machine ? ParseDevice(device, "--devices")
+                                                         : ParseDeviceName(device, "--devices"));
     device = parsed.str();
   }
-  if (cuda_ranks > 1 && !SPECSTREAM_WITH_TORCH_NCCL) {
+  if (check_machine && cuda_ranks > 1 && !SPECSTREAM_WITH_TORCH_NCCL) {
     // Gloo would stage every all-reduce of CUDA activations through the host.
     return absl::FailedPreconditionError(absl::StrCat(
         "--devices ", absl::StrJoin(out, ","),
@@ -186,7 +209,11 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
       args.push_back("--capture-layers");
       args.push_back(absl::StrJoin(spec.capture_layer_ids, ","));
     }
-    ASSIGN_OR_RETURN(pid_t pid, Spawn(args));
+    std::vector<std::string> env;
+    if (const std::string id = SharedGpuHostId(spec.devices, rank); !id.empty()) {
+      env.push_back("NCCL_HOSTID=" + id);
+    }
+    ASSIGN_OR_RETURN(pid_t pid, Spawn(args, env));
     launched->workers_.push_back(pid);
   }
   SS_LOG_INFO("tp: started {} worker process(es), rendezvous on 127.0.0.1:{}", world - 1, port);
@@ -194,6 +221,9 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
   ASSIGN_OR_RETURN(launched->runtime_, CreateTargetRuntime(spec.runtime, options));
   RETURN_IF_ERROR(AwaitWorkers(*store, launched->workers_, spec.setup_timeout));
   ASSIGN_OR_RETURN(launched->group_, CreateGlooGroup(rendezvous, store));
+  if (const std::string id = SharedGpuHostId(spec.devices, 0); !id.empty()) {
+    setenv("NCCL_HOSTID", id.c_str(), /*overwrite=*/0);  // before this process's first NCCL call
+  }
   ASSIGN_OR_RETURN(auto activations, ActivationGroupOn(spec.devices[0], rendezvous, store));
   launched->runtime_->AttachGroup(launched->group_.group, std::move(activations));
   return launched;

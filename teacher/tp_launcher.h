@@ -7,6 +7,10 @@
 // Devices: every rank loads its shard straight to its device; on CUDA
 // devices the TP all-reduces and EP all-to-alls run over an NCCL group (in
 // native bf16), next to the Gloo group that carries the leader's requests.
+// A GPU listed twice (`cuda:0,cuda:0`, a one-GPU machine) runs two ranks on
+// it: each then claims an NCCL host of its own (NCCL_HOSTID, unless set;
+// the leader's holds for its NCCL payload channels too), since NCCL before
+// 2.30 refuses two ranks of a communicator on one device.
 //
 // Rendezvous: the leader hosts a TCPStore on a free loopback port. Each worker
 // reports "ready/<rank>" or "failed/<rank>" (with the reason) in the store
@@ -67,7 +71,10 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
 // cpu and CUDA ranks mixed, and several CUDA ranks in a build without NCCL
 // process groups. CUDA ranks run their activations' collectives over NCCL
 // (TargetRuntimeOptions::device_group), the leader's requests over Gloo.
-absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices);
+// `check_machine` false checks the names and the layout only, not that
+// this machine and build have the devices (serve --check-config).
+absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& devices,
+                                                      bool check_machine = true);
 
 struct WorkerOptions {
   std::string runtime = "hf";

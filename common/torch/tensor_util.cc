@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace specstream {
 
@@ -73,7 +74,7 @@ torch::Tensor CopyToDevice(const torch::Tensor& t, torch::Device device) {
   return t.to(device);
 }
 
-absl::StatusOr<torch::Device> ParseDevice(const std::string& text, const std::string& what) {
+absl::StatusOr<torch::Device> ParseDeviceName(const std::string& text, const std::string& what) {
   const bool known = text == "cpu" || text == "meta" || text == "cuda" ||
                      (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
                       text.find_first_not_of("0123456789", 5) == std::string::npos);
@@ -81,7 +82,11 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& text, const std::st
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": unknown device \"", text, "\" (expected cpu, cuda or cuda:N)"));
   }
-  torch::Device device(text);
+  return torch::Device(text);
+}
+
+absl::StatusOr<torch::Device> ParseDevice(const std::string& text, const std::string& what) {
+  ASSIGN_OR_RETURN(torch::Device device, ParseDeviceName(text, what));
   if (device.is_cuda()) {
     if (!torch::cuda::is_available()) {
       return absl::FailedPreconditionError(

@@ -37,6 +37,9 @@ torch::Tensor CopyToDevice(const torch::Tensor& t, torch::Device device);
 // `what`, e.g. "--devices"); FailedPrecondition for a CUDA device that this
 // LibTorch or this machine does not have.
 absl::StatusOr<torch::Device> ParseDevice(const std::string& text, const std::string& what);
+// The same, the name only: whether this machine has the device is not asked
+// (a configuration checked before it reaches its machine, --check-config).
+absl::StatusOr<torch::Device> ParseDeviceName(const std::string& text, const std::string& what);
 
 // A non-owning torch view of a TensorView; valid while the view's file lives.
 // Read-only by contract (the mapping is PROT_READ).

@@ -448,5 +448,59 @@ TEST_F(CoordinatorTest, TlsCoordinator) {
   EXPECT_EQ(Step(Status("tls-1")), 4);
 }
 
+// Each daemon's --check-config checks its flags' values (not the machine:
+// a teacher on two GPUs checks here, where there are none; no model is
+// read) and names the flag it refuses, starting nothing.
+TEST_F(CoordinatorTest, DaemonsCheckTheirConfigWithoutStarting) {
+  const std::string out = dir_.Join("tool.out");
+  const std::string teacher = "serve --model " + dir_.Join("no-model") + " --port 0 ";
+  ASSERT_EQ(RunTool(SPECSTREAM_TEACHER_PATH,
+                    teacher + "--devices cuda:0,cuda:1 --tp 2 --coordinator c:50051 --check-config"),
+            0)
+      << testing::ReadFile(out);
+  EXPECT_NE(testing::ReadFile(out).find("configuration OK: runtime hf, 2 TP rank(s) on "
+                                        "cuda:0,cuda:1"),
+            std::string::npos)
+      << testing::ReadFile(out);
+  const std::vector<std::pair<std::string, std::string>> bad_teachers = {
+      {"--devices gpu0", "unknown device \"gpu0\""},
+      {"--devices cpu,cpu --ep 3", "--ep 3 does not divide the tensor-parallel size 2"},
+      {"--runtime vllm", "--runtime \"vllm\""},
+      {"--payload-dtype float64", "--payload-dtype"},
+      {"--coordinator no-port", "--coordinator"},
+      {"--batch-tokens 0", "--batch-tokens"},
+  };
+  for (const auto& [flags, reason] : bad_teachers) {
+    EXPECT_EQ(RunTool(SPECSTREAM_TEACHER_PATH, teacher + flags + " --check-config"), 2) << flags;
+    EXPECT_NE(testing::ReadFile(out).find(reason), std::string::npos)
+        << flags << ": " << testing::ReadFile(out);
+  }
+
+  const std::string student = "serve --coordinator c:50051 --port 0 --workdir " + dir_.Join("w");
+  ASSERT_EQ(RunTool(SPECSTREAM_STUDENT_PATH, student + " --devices cuda:0 --check-config"), 0)
+      << testing::ReadFile(out);
+  EXPECT_NE(testing::ReadFile(out).find("devices cuda:0"), std::string::npos);
+  EXPECT_EQ(RunTool(SPECSTREAM_STUDENT_PATH, student + " --devices gpu --check-config"), 2);
+  EXPECT_NE(testing::ReadFile(out).find("--devices: unknown device \"gpu\""), std::string::npos)
+      << testing::ReadFile(out);
+  EXPECT_EQ(RunTool(SPECSTREAM_STUDENT_PATH, student + " --metrics-port 70000 --check-config"), 2);
+  EXPECT_NE(testing::ReadFile(out).find("--metrics-port 70000"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("w")));  // nothing started
+
+  const std::string coordinator = "--port 0 --db " + dir_.Join("c.db") + " --token-file " +
+                                  dir_.Join("token");
+  ASSERT_EQ(RunTool(SPECSTREAM_COORDINATOR_PATH, coordinator + " --check-config"), 0)
+      << testing::ReadFile(out);
+  EXPECT_EQ(RunTool(SPECSTREAM_COORDINATOR_PATH,
+                    coordinator + " --heartbeat-ms 2000 --lost-after-s 1 --check-config"),
+            2);
+  EXPECT_NE(testing::ReadFile(out).find("--lost-after-s"), std::string::npos);
+  EXPECT_EQ(RunTool(SPECSTREAM_COORDINATOR_PATH,
+                    coordinator + " --tls-cert " + dir_.Join("x.pem") + " --check-config"),
+            2);
+  EXPECT_NE(testing::ReadFile(out).find("--tls-cert and --tls-key"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("c.db")));
+}
+
 }  // namespace
 }  // namespace specstream

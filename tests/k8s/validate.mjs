@@ -9,12 +9,14 @@
 //      (kubernetes-models, offline);
 //   3. check invariants: GPUs only in limits; gRPC probe ports among the
 //      container's ports; every flag a container passes to a SpecStream
-//      binary is one that binary's --help lists (the binaries in BUILD_DIR);
+//      binary is one that binary's --help lists (the binaries in BUILD_DIR),
+//      and each daemon's actual values, expanded as Kubernetes would, pass
+//      its --check-config;
 //      students carry the pod name, pod IP and pod index and pass them as
 //      --name and --host; images pinned (no `latest`, no untagged); Secrets
 //      referenced, never embedded.
 // Also: job*.yaml beside a kustomization passes `specstream validate`, and
-// deploy/docker/Dockerfile pins its base images.
+// deploy/docker/Dockerfile and Dockerfile.cuda pin their base images.
 //
 // Exit 0 when everything holds, 1 otherwise (each problem printed), 77 when
 // the npm packages are missing outside CI (ctest: skipped).
@@ -226,6 +228,57 @@ function checkObject(where, object) {
   }
 }
 
+// Every daemon container's real flag values, as Kubernetes would expand them
+// ($(VAR) from the container's env: ConfigMap entries, literal values, and
+// stand-ins for the downward API), through the binary's --check-config: the
+// values parse and validate, not only the flag names.
+const DAEMONS = { "specstream-coordinator": null, "specstream-teacher": "serve",
+                  "specstream-student": "serve" };
+function checkConfigValues(where, objects) {
+  const configMaps = new Map(
+    objects.filter((o) => o.kind === "ConfigMap").map((o) => [o.metadata.name, o.data ?? {}]),
+  );
+  for (const object of objects) {
+    const spec = podSpecOf(object);
+    if (!spec) continue;
+    for (const container of spec.containers ?? []) {
+      const binary = container.command?.[0];
+      if (!(binary in DAEMONS)) continue;
+      const argv = container.args ?? [];
+      // Global flags (--log-level) come before the subcommand.
+      if (DAEMONS[binary] !== null && !argv.includes(DAEMONS[binary])) continue;
+      const env = new Map();
+      for (const from of container.envFrom ?? []) {
+        for (const [k, v] of Object.entries(configMaps.get(from.configMapRef?.name) ?? {})) {
+          env.set(k, String(v));
+        }
+      }
+      for (const e of container.env ?? []) {
+        const field = e.valueFrom?.fieldRef?.fieldPath;
+        env.set(
+          e.name,
+          "value" in e ? String(e.value)
+            : field === "metadata.name" ? `${object.metadata.name}-0`
+            : field === "status.podIP" ? "10.0.0.10"
+            : field?.includes("pod-index") ? "0"
+            : "stand-in",
+        );
+      }
+      const expanded = argv.map((a) =>
+        a.replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (m, name) => (env.has(name) ? env.get(name) : m)),
+      );
+      const exe = path.join(binDir, BINARIES[binary]);
+      if (!fs.existsSync(exe)) continue;  // checkArgs reports it
+      try {
+        execFileSync(exe, [...expanded, "--check-config"], { stdio: ["ignore", "pipe", "pipe"] });
+      } catch (error) {
+        fail(`${where} ${object.kind}/${object.metadata.name} container ${container.name}`,
+             `${binary} --check-config refuses its values: ${`${error.stderr ?? ""}`.trim()}`);
+      }
+    }
+  }
+}
+
 // --- self-test: every check catches what it is for -------------------------
 
 // Each mutation of the rendered base must produce at least one problem.
@@ -263,6 +316,12 @@ async function selfTest() {
     "a committed Secret": (o) => {
       base.push({ apiVersion: "v1", kind: "Secret", metadata: { name: "t" }, data: {} });
     },
+    "a device name the teacher refuses": (o) => {
+      find("ConfigMap", "specstream-config").data.TEACHER_DEVICES = "gpu0,gpu1";
+    },
+    "a heartbeat the coordinator refuses": (o) => {
+      find("ConfigMap", "specstream-config").data.LOST_AFTER_S = "0";
+    },
   };
   const pristine = JSON.stringify(base);
   let missed = 0;
@@ -275,6 +334,7 @@ async function selfTest() {
       await validateSchema(at, object);
       checkObject(at, object);
     }
+    checkConfigValues("base", base);
     if (problems.length === 0) {
       console.error(`self-test: "${name}" went unnoticed`);
       ++missed;
@@ -285,6 +345,7 @@ async function selfTest() {
   problems.length = 0;
   base.splice(0, base.length, ...JSON.parse(pristine));
   for (const object of base) checkObject(`${object.kind}/${object.metadata?.name}`, object);
+  checkConfigValues("base", base);
   if (problems.length > 0) {
     console.error(`self-test: the unmutated base has problems: ${problems.join("; ")}`);
     ++missed;
@@ -319,6 +380,7 @@ for (const dir of targets) {
     checkObject(at, object);
     ++checked;
   }
+  checkConfigValues(where, objects);
 }
 // Job specs shipped beside the manifests validate as the coordinator would.
 for (const dir of targets) {
@@ -337,13 +399,15 @@ for (const dir of targets) {
   }
 }
 
-const dockerfile = path.join(ROOT, "deploy/docker/Dockerfile");
-if (!fs.existsSync(dockerfile)) {
-  fail("deploy/docker/Dockerfile", "missing");
-} else {
+for (const name of ["Dockerfile", "Dockerfile.cuda"]) {
+  const dockerfile = path.join(ROOT, "deploy/docker", name);
+  if (!fs.existsSync(dockerfile)) {
+    fail(`deploy/docker/${name}`, "missing");
+    continue;
+  }
   for (const line of fs.readFileSync(dockerfile, "utf8").split("\n")) {
     const match = line.match(/^FROM\s+(\S+)/i);
-    if (match) checkImage("deploy/docker/Dockerfile", match[1]);
+    if (match) checkImage(`deploy/docker/${name}`, match[1]);
   }
 }
 
