@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compiles and links the CUDA code paths on a machine without a GPU: the
 # teacher, the student and the NCCL targets (NCCL process groups, the NCCL
-# payload channel and its GPU test and benchmark) against the CUDA build of
+# payload channel and its GPU test and benchmark) and the GPU checks
+# (tests/gpu: gpu_test, gpu_bench) against the CUDA build of
 # pip torch 2.14.1 (torch and its nvidia-* wheels, about 5.5 GB) in
 # .venv-cuda, in build-cuda/. At -O0: nothing built here runs (a GPU
 # machine runs it: docs/testing.md), so this checks that the code compiles
@@ -26,7 +27,8 @@ echo "cuda_build.sh: LibTorch $VERSION (CUDA $cuda) at $prefix, after $(( $(date
 mkdir -p "$BUILD"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_FLAGS_RELEASE="-O0 -DNDEBUG" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DSPECSTREAM_WITH_NCCL=ON >"$BUILD/configure.log" 2>&1 || {
+  -DSPECSTREAM_WITH_NCCL=ON -DSPECSTREAM_BUILD_TESTS=ON -DSPECSTREAM_BUILD_BENCHMARKS=ON \
+  >"$BUILD/configure.log" 2>&1 || {
   cat "$BUILD/configure.log" >&2
   exit 1
 }
@@ -36,6 +38,6 @@ if ! grep -q "SpecStream: NCCL process groups ON" "$BUILD/configure.log"; then
   exit 1
 fi
 cmake --build "$BUILD" --target specstream-teacher specstream-student specstream_nccl \
-  nccl_channel_test nccl_bench
+  nccl_channel_test nccl_bench gpu_test gpu_bench
 echo "cuda_build.sh: CUDA targets compiled and linked against LibTorch $VERSION after" \
   "$(( $(date +%s) - start )) s"

@@ -3,7 +3,9 @@
 # Idempotent: `apt-get update` and `apt-get install` run only when a package
 # is missing. Shared by the Dockerfile, demo.sh and tests/run.sh.
 #
-# Usage: deploy/local/install-deps.sh [--runtime-only]
+# Usage: deploy/local/install-deps.sh [--runtime-only [--no-libtorch]]
+#   --no-libtorch: without Debian's LibTorch 1.13 and its BLAS and Gloo (an
+#   image whose binaries link a pip CUDA torch: deploy/docker/Dockerfile.cuda)
 set -euo pipefail
 
 BUILD_PACKAGES=(
@@ -15,6 +17,8 @@ BUILD_PACKAGES=(
   nlohmann-json3-dev libyaml-cpp-dev libsqlite3-dev libcli11-dev
   # libFuzzer targets (clang) and ICU (Unicode categories, NFC) for the tokenizer.
   clang libclang-rt-14-dev libicu-dev
+  # tests/lint.sh.
+  clang-format clang-tidy
   # Multi-host tests: hosts made of network namespaces (ip), faults (nft
   # loss, iptables NFQUEUE + libnetfilter-queue delay) and the harness's own
   # reachability check (ping).
@@ -30,6 +34,9 @@ RUNTIME_PACKAGES=(
 packages=("${BUILD_PACKAGES[@]}")
 if [[ "${1:-}" == "--runtime-only" ]]; then
   packages=("${RUNTIME_PACKAGES[@]}")
+  if [[ "${2:-}" == "--no-libtorch" ]]; then
+    packages=("${packages[@]:3}")  # drop libtorch1.13 libopenblas0-pthread libgloo0
+  fi
 fi
 
 missing=()
