@@ -85,9 +85,10 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& remote) {
     }
     close(fd);
     char text[INET6_ADDRSTRLEN] = {};
-    const void* raw = local.ss_family == AF_INET6
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+    const void* raw =
+        local.ss_family == AF_INET6
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
     if (inet_ntop(local.ss_family, raw, text, sizeof(text)) == nullptr) {
       last_error = std::strerror(errno);
       continue;

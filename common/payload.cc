@@ -313,8 +313,8 @@ absl::StatusOr<v1::TensorContract> MakeContract(absl::Span<const PayloadTensor> 
   return contract;
 }
 
-absl::StatusOr<v1::TensorContract> MakeDeviceContract(
-    absl::Span<const PayloadTensorLayout> tensors, uint64_t device_checksum) {
+absl::StatusOr<v1::TensorContract> MakeDeviceContract(absl::Span<const PayloadTensorLayout> tensors,
+                                                      uint64_t device_checksum) {
   v1::TensorContract contract;
   uint64_t offset = 0;
   for (const PayloadTensorLayout& tensor : tensors) {

@@ -90,8 +90,8 @@ struct PayloadTensorLayout {
 // MakeContract) and is checked by `device_checksum` (has_device_checksum
 // set, crc32c 0): an NCCL payload, whose sender computed the checksum where
 // its bytes are (common/torch/device_checksum.h). Errors as MakeContract.
-absl::StatusOr<v1::TensorContract> MakeDeviceContract(
-    absl::Span<const PayloadTensorLayout> tensors, uint64_t device_checksum);
+absl::StatusOr<v1::TensorContract> MakeDeviceContract(absl::Span<const PayloadTensorLayout> tensors,
+                                                      uint64_t device_checksum);
 
 // The device checksum of host bytes, by its definition (tensor.proto):
 // little-endian 16-bit words w_i (an odd last byte a word of its own),

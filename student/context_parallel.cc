@@ -41,8 +41,7 @@ torch::Tensor AsWire(const torch::Tensor& x) {
 class SequenceAllGatherFunction final
     : public torch::autograd::Function<SequenceAllGatherFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& local,
-                               CommGroup* group) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& local, CommGroup* group) {
     const int cp = group->getSize();
     ctx->saved_data["group"] = GroupCapsule(*group);
     ctx->saved_data["shard"] = local.size(1);
@@ -392,8 +391,8 @@ torch::Tensor HeadsToSequenceRaw(const torch::Tensor& x, CommGroup& group) {
 // other.
 class UlyssesAllToAllFunction final : public torch::autograd::Function<UlyssesAllToAllFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               CommGroup* group, bool to_heads) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, CommGroup* group,
+                               bool to_heads) {
     ctx->saved_data["group"] = GroupCapsule(*group);
     ctx->saved_data["to_heads"] = to_heads;
     return to_heads ? SequenceToHeadsRaw(x, *group) : HeadsToSequenceRaw(x, *group);

@@ -40,12 +40,9 @@ torch::Tensor& Eagle3Draft::parameter(const std::string& name) {
   return params_.at(index_.at(name)).second;
 }
 
-absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(const DraftShape& shape,
-                                                                 const std::string& target_dir,
-                                                                 const VocabMap& vocab_map,
-                                                                 uint64_t seed,
-                                                                 bool need_full_lm_head,
-                                                                 torch::Device device) {
+absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(
+    const DraftShape& shape, const std::string& target_dir, const VocabMap& vocab_map,
+    uint64_t seed, bool need_full_lm_head, torch::Device device) {
   const DraftShape& s = shape;
   auto positive = [](const char* field, int64_t v) -> absl::Status {
     if (v > 0) return absl::OkStatus();

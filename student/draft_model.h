@@ -57,14 +57,14 @@ struct DraftShape {
 // `lengths` on the host, so that shapes and token counts never wait for the
 // device.
 struct DraftBatch {
-  torch::Tensor input_ids;    // [B, T + halo] int64
-  torch::Tensor loss_mask;    // [B, T + halo] uint8 (0 on padding)
-  torch::Tensor aux_hidden;   // [B, T, C·Ht]: the shard's own rows only
-  torch::Tensor last_hidden;  // [B, T + halo, Ht]
-  torch::Tensor target_ids;   // [B, T + halo] int64 full-vocab argmax, or undefined
-  torch::Tensor lengths;      // [B] int64: each sample's whole (global) length
+  torch::Tensor input_ids;            // [B, T + halo] int64
+  torch::Tensor loss_mask;            // [B, T + halo] uint8 (0 on padding)
+  torch::Tensor aux_hidden;           // [B, T, C·Ht]: the shard's own rows only
+  torch::Tensor last_hidden;          // [B, T + halo, Ht]
+  torch::Tensor target_ids;           // [B, T + halo] int64 full-vocab argmax, or undefined
+  torch::Tensor lengths;              // [B] int64: each sample's whole (global) length
   std::vector<int64_t> host_lengths;  // the same B lengths
-  int64_t offset = 0;         // global position of row 0
+  int64_t offset = 0;                 // global position of row 0
 };
 
 // Context parallelism for Forward (student/context_parallel.h): the groups

@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -331,9 +331,9 @@ absl::Status ValidateParallel(v1::ParallelSpec& parallel) {
   }
   RETURN_IF_ERROR(RequireNonNegative(parallel.dp_size(), "parallel.dp_size"));
   if (!(parallel.rendezvous_timeout_s() >= 0) || parallel.rendezvous_timeout_s() > 86400) {
-    return FieldError("parallel.rendezvous_timeout_s",
-                      absl::StrCat("must be in [0, 86400] seconds, got ",
-                                   parallel.rendezvous_timeout_s()));
+    return FieldError(
+        "parallel.rendezvous_timeout_s",
+        absl::StrCat("must be in [0, 86400] seconds, got ", parallel.rendezvous_timeout_s()));
   }
   if (parallel.rendezvous_timeout_s() == 0) {
     parallel.set_rendezvous_timeout_s(kDefaultRendezvousTimeoutSeconds);

@@ -231,8 +231,7 @@ class OnlineSource::Impl {
     // on it.
     bool ReceivesOnDevice() const {
       const torch::Device device = owner_->options_.device;
-      return transport_ == v1::TRANSPORT_NCCL && device.is_cuda() &&
-             device.index() == nccl_device_;
+      return transport_ == v1::TRANSPORT_NCCL && device.is_cuda() && device.index() == nccl_device_;
     }
 
     void WriteNext() {
@@ -305,13 +304,13 @@ class OnlineSource::Impl {
     // A whole payload: checked against its CRC32C or device checksum, then
     // handed over as uint8 [payload_bytes] where it is.
     void Complete(uint64_t request_id, Incoming in) {
-      absl::StatusOr<torch::Tensor> bytes =
-          in.device_payload.defined() ? CheckedOnDevice(in.contract, in.device_payload)
-                                      : CheckedOnHost(in.contract, std::move(in.payload));
+      absl::StatusOr<torch::Tensor> bytes = in.device_payload.defined()
+                                                ? CheckedOnDevice(in.contract, in.device_payload)
+                                                : CheckedOnHost(in.contract, std::move(in.payload));
       if (!bytes.ok()) {
-        return owner_->Failed(request_id,
-                              absl::DataLossError(absl::StrCat("teacher ", address_, ": ",
-                                                               bytes.status().message())));
+        return owner_->Failed(
+            request_id, absl::DataLossError(
+                            absl::StrCat("teacher ", address_, ": ", bytes.status().message())));
       }
       owner_->Arrived(request_id, in.contract, in.row_begin, *std::move(bytes));
     }
@@ -322,8 +321,8 @@ class OnlineSource::Impl {
       // The tensor owns the string's bytes.
       auto* owned = new std::string(std::move(payload));
       return torch::from_blob(
-          owned->data(), {static_cast<int64_t>(owned->size())},
-          [owned](void*) { delete owned; }, torch::kUInt8);
+          owned->data(), {static_cast<int64_t>(owned->size())}, [owned](void*) { delete owned; },
+          torch::kUInt8);
     }
 
     static absl::StatusOr<torch::Tensor> CheckedOnDevice(const v1::TensorContract& contract,
@@ -332,8 +331,8 @@ class OnlineSource::Impl {
         return absl::DataLossError("an NCCL payload without contract.device_checksum");
       }
       int64_t sum = 0;
-      RETURN_IF_ERROR(CatchTorch("payload checksum",
-                                 [&] { sum = DeviceChecksum(payload).item<int64_t>(); }));
+      RETURN_IF_ERROR(
+          CatchTorch("payload checksum", [&] { sum = DeviceChecksum(payload).item<int64_t>(); }));
       if (static_cast<uint64_t>(sum) != contract.device_checksum()) {
         return absl::DataLossError(
             absl::StrFormat("payload: device checksum 0x%016x != contract.device_checksum 0x%016x",

@@ -85,8 +85,9 @@ torch::Tensor ClipGradNorm(const std::vector<std::pair<std::string, torch::Tenso
     total = total.defined() ? total + squares : squares;
   }
   if (!total.defined()) {
-    return torch::zeros({}, params.empty() ? torch::TensorOptions(torch::kFloat64)
-                                           : params.front().second.options().dtype(torch::kFloat64));
+    return torch::zeros({}, params.empty()
+                                ? torch::TensorOptions(torch::kFloat64)
+                                : params.front().second.options().dtype(torch::kFloat64));
   }
   const torch::Tensor norm = total.sqrt();
   if (max_norm > 0) {

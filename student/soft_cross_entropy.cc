@@ -66,7 +66,8 @@ class FusedSoftCe final : public torch::autograd::Function<FusedSoftCe> {
     const int64_t b = hidden.size(0), l = hidden.size(1);
     const torch::Tensor w32 = weight.to(torch::kFloat32);
     torch::Tensor grad_hidden = torch::zeros_like(hidden);
-    torch::Tensor grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
+    torch::Tensor grad_weight =
+        torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat32));
     for (int64_t i = 0; i < b; ++i) {
       for (int64_t start = 0; start < l; start += chunk_rows) {
         const int64_t rows = std::min(chunk_rows, l - start);

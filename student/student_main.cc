@@ -178,9 +178,8 @@ absl::Status Train(const std::string& config_path, bool resume, const std::strin
     ASSIGN_OR_RETURN(config.local_address, ResolveLocalAddress(rendezvous));
     rendezvous.local_addr = config.local_address;
     SS_LOG_INFO("rendezvous: rank {}/{} binds {} and joins {}:{} (deadline {} s), trains on {}",
-                rank, world, config.local_address, rendezvous.master_addr,
-                rendezvous.master_port, rendezvous.join_timeout.count() / 1000.0,
-                config.device.str());
+                rank, world, config.local_address, rendezvous.master_addr, rendezvous.master_port,
+                rendezvous.join_timeout.count() / 1000.0, config.device.str());
     ASSIGN_OR_RETURN(handle, CreateGlooGroup(rendezvous));
     group = handle.group;
   }
@@ -214,8 +213,8 @@ absl::StatusOr<std::string> CheckServeConfig(const ServeFlags& flags) {
   }
   for (const std::string& device : d.devices) {
     if (device == "auto" || !IsTrainingDevice(device)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--devices: unknown device \"", device, "\" (expected cpu, cuda or cuda:N)"));
+      return absl::InvalidArgumentError(absl::StrCat("--devices: unknown device \"", device,
+                                                     "\" (expected cpu, cuda or cuda:N)"));
     }
   }
   return absl::StrCat("coordinator ", d.coordinator, ", devices ",
@@ -291,9 +290,10 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--coordinator", daemon.coordinator, "Coordinator address (host:port)")
       ->required();
   serve_cmd->add_option("--name", daemon.name, "Daemon name (default: <hostname>-<pid>)");
-  serve_cmd->add_option("--host", daemon.host,
-                        "Address peers reach this host at; its ranks bind it (default: the local address "
-                        "that routes to the coordinator)");
+  serve_cmd->add_option(
+      "--host", daemon.host,
+      "Address peers reach this host at; its ranks bind it (default: the local address "
+      "that routes to the coordinator)");
   serve_cmd->add_option("--port", daemon.port, "gRPC health port (0: any free port)");
   serve_cmd->add_option("--port-file", daemon.port_file, "Write the bound gRPC port here");
   serve_cmd->add_option("--metrics-port", daemon.metrics_port,
@@ -302,9 +302,10 @@ int main(int argc, char** argv) {
                         "Write the bound metrics port here");
   serve_cmd->add_option("--workdir", daemon.workdir,
                         "Per-rank directories (job.json, metrics.jsonl)");
-  serve_cmd->add_option("--devices", daemon.devices,
-                        "This daemon's devices (comma-separated): reported to the coordinator; its "
-                        "rank trains on the first (train --device)")
+  serve_cmd
+      ->add_option("--devices", daemon.devices,
+                   "This daemon's devices (comma-separated): reported to the coordinator; its "
+                   "rank trains on the first (train --device)")
       ->delimiter(',');
   serve_cmd->add_option("--stop-grace", daemon.stop_grace_seconds,
                         "Seconds between SIGTERM and SIGKILL when a rank is stopped");

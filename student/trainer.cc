@@ -52,9 +52,11 @@ absl::StatusOr<torch::Device> ResolveTrainingDevice(const std::string& setting, 
     if (!torch::cuda::is_available()) return torch::Device(torch::kCPU);
     return ParseDevice(absl::StrCat("cuda:", local_rank), "training.device auto (LOCAL_RANK)");
   }
-  if (where == "cuda") return ParseDevice(absl::StrCat("cuda:", local_rank), "training.device cuda");
+  if (where == "cuda")
+    return ParseDevice(absl::StrCat("cuda:", local_rank), "training.device cuda");
   if (where == "meta") {
-    return absl::InvalidArgumentError("training.device: \"meta\" is a test device, not one to train on");
+    return absl::InvalidArgumentError(
+        "training.device: \"meta\" is a test device, not one to train on");
   }
   return ParseDevice(where, "training.device");
 }
@@ -63,9 +65,10 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
                                                        const std::string& device_override,
                                                        int local_rank) {
   TrainerConfig c;
-  ASSIGN_OR_RETURN(c.device, ResolveTrainingDevice(
-                                 device_override.empty() ? spec.training().device() : device_override,
-                                 local_rank));
+  ASSIGN_OR_RETURN(
+      c.device,
+      ResolveTrainingDevice(device_override.empty() ? spec.training().device() : device_override,
+                            local_rank));
   c.store = spec.data().store();
   c.max_length = spec.data().max_length();
   c.tokenized = spec.data().tokenized();
@@ -144,9 +147,10 @@ double SimulatedAcceptLength(const std::vector<double>& acc_k) {
 
 Trainer::~Trainer() = default;
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<CommGroup> group,
-    c10::intrusive_ptr<c10d::Store> store) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerConfig config, int rank,
+                                                         int world_size,
+                                                         c10::intrusive_ptr<CommGroup> group,
+                                                         c10::intrusive_ptr<c10d::Store> store) {
   if (world_size > 1 && !group) {
     return absl::InvalidArgumentError("a world of several ranks needs a process group");
   }
@@ -366,9 +370,10 @@ absl::Status Trainer::ConnectDeviceGroup() {
   options.world_size = world_size_;
   options.local_addr = config_.local_address;
   options.join_timeout = config_.rendezvous_timeout;
-  ASSIGN_OR_RETURN(device_group_,
-                   CreateNcclGroup(options, c10::make_intrusive<c10d::PrefixStore>("device/world", store_),
-                                   device_));
+  ASSIGN_OR_RETURN(
+      device_group_,
+      CreateNcclGroup(options, c10::make_intrusive<c10d::PrefixStore>("device/world", store_),
+                      device_));
   return absl::OkStatus();
 }
 
@@ -550,9 +555,8 @@ absl::Status Trainer::TrainStep() {
 
   // From here to the metrics, work is only queued on the device.
   torch::Tensor global_valid;
-  RETURN_IF_ERROR(CatchTorch("valid positions", [&] {
-    global_valid = draft_->CountValid(batch, k_steps);
-  }));
+  RETURN_IF_ERROR(
+      CatchTorch("valid positions", [&] { global_valid = draft_->CountValid(batch, k_steps); }));
   RETURN_IF_ERROR(AllReduce(global_valid));
 
   for (auto& [name, p] : draft_->parameters()) {
@@ -850,8 +854,8 @@ absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, in
                                     int64_t max_length, torch::Dtype dtype) {
   torch::NoGradGuard no_grad;
   // Per-step sums on the draft's device: loss, correct, valid.
-  torch::Tensor sums = torch::zeros({3, ttt_steps},
-                                    torch::TensorOptions(torch::kFloat64).device(draft.device()));
+  torch::Tensor sums =
+      torch::zeros({3, ttt_steps}, torch::TensorOptions(torch::kFloat64).device(draft.device()));
   for (int64_t i = 0; i < source.size(); ++i) {
     ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
     const DraftBatch batch = ToDevice(Collate({s}, max_length), draft.device());

@@ -66,7 +66,8 @@ absl::StatusOr<std::vector<NamedTensor>> SampleTensors(absl::Span<const int32_t>
     auto rows = [&](const torch::Tensor& x, torch::Dtype dtype) {
       torch::Tensor slice = x.narrow(0, row_begin, n);
       if (on_device || x.is_cpu()) return slice.to(dtype).contiguous();
-      torch::Tensor host = torch::empty(slice.sizes(), torch::TensorOptions(dtype).pinned_memory(true));
+      torch::Tensor host =
+          torch::empty(slice.sizes(), torch::TensorOptions(dtype).pinned_memory(true));
       host.copy_(slice);
       return host;
     };
@@ -86,7 +87,8 @@ absl::StatusOr<std::vector<NamedTensor>> SampleTensors(absl::Span<const int32_t>
     out.push_back({"loss_mask", std::move(mask)});
     out.push_back({"aux_hidden", rows(capture.aux_hidden, hidden)});
     out.push_back({"last_hidden", rows(capture.last_hidden, hidden)});
-    if (options.keep_target_ids) out.push_back({"target_ids", rows(capture.target_ids, torch::kInt32)});
+    if (options.keep_target_ids)
+      out.push_back({"target_ids", rows(capture.target_ids, torch::kInt32)});
   });
   if (!status.ok()) return status;
   return out;

@@ -245,8 +245,8 @@ absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const Se
   if (serve.nccl_device != "auto" && serve.nccl_device != "none") {
     int index = -1;
     if (!absl::SimpleAtoi(serve.nccl_device, &index) || index < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--nccl-device: \"", serve.nccl_device, "\" is not auto, none or a device index"));
+      return absl::InvalidArgumentError(absl::StrCat("--nccl-device: \"", serve.nccl_device,
+                                                     "\" is not auto, none or a device index"));
     }
   }
   if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");

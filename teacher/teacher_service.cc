@@ -730,11 +730,10 @@ class TeacherService::Stream final
       const uint64_t size = static_cast<uint64_t>(packed.numel());
       const char* data = static_cast<const char*>(packed.data_ptr());
       absl::Status sent =
-          packed.is_cuda()
-              ? (*channel)->SendDevice(data, size)
-              : (*channel)->Send(size, [&](uint64_t offset, uint64_t n, char* dest) {
-                  std::memcpy(dest, data + offset, n);
-                });
+          packed.is_cuda() ? (*channel)->SendDevice(data, size)
+                           : (*channel)->Send(size, [&](uint64_t offset, uint64_t n, char* dest) {
+                               std::memcpy(dest, data + offset, n);
+                             });
       absl::MutexLock lock(&mu_);
       if (!sent.ok()) {
         if (sent.code() != absl::StatusCode::kCancelled) EndLocked(sent);
@@ -1114,9 +1113,9 @@ absl::StatusOr<std::shared_ptr<const TeacherService::ReadySample>> TeacherServic
   return sample;
 }
 
-absl::StatusOr<std::shared_ptr<const TeacherService::ReadySample>>
-TeacherService::BuildNcclSample(const SampleRequest& request, int64_t row_begin, int64_t row_end,
-                                const std::vector<NamedTensor>& tensors) {
+absl::StatusOr<std::shared_ptr<const TeacherService::ReadySample>> TeacherService::BuildNcclSample(
+    const SampleRequest& request, int64_t row_begin, int64_t row_end,
+    const std::vector<NamedTensor>& tensors) {
   auto sample = std::make_shared<ReadySample>();
   sample->request_id = request.request_id();
   sample->sample_id = request.sample_id();
@@ -1156,8 +1155,7 @@ TeacherService::BuildNcclSample(const SampleRequest& request, int64_t row_begin,
     sample->packed = packed;
   }));
   if (!sample->packed.defined()) return absl::InternalError("nccl payload: nothing packed");
-  ASSIGN_OR_RETURN(sample->contract,
-                   MakeDeviceContract(layouts, static_cast<uint64_t>(checksum)));
+  ASSIGN_OR_RETURN(sample->contract, MakeDeviceContract(layouts, static_cast<uint64_t>(checksum)));
   return sample;
 }
 

@@ -5,8 +5,8 @@
 namespace specstream {
 namespace {
 
-constexpr int64_t kModulus = 65521;                  // as DeviceChecksumOf
-constexpr int64_t kChunkWords = int64_t{1} << 22;    // exact int64 partial sums
+constexpr int64_t kModulus = 65521;                // as DeviceChecksumOf
+constexpr int64_t kChunkWords = int64_t{1} << 22;  // exact int64 partial sums
 constexpr int64_t kLow32 = (int64_t{1} << 32) - 1;
 
 }  // namespace
@@ -22,9 +22,11 @@ torch::Tensor DeviceChecksum(const torch::Tensor& bytes) {
   torch::Tensor a = torch::zeros({}, int64), b = torch::zeros({}, int64);
   for (int64_t start = 0; start < pairs; start += kChunkWords) {
     const int64_t count = std::min(kChunkWords, pairs - start);
-    const torch::Tensor pair = bytes.narrow(0, 2 * start, 2 * count).view({count, 2}).to(torch::kInt64);
+    const torch::Tensor pair =
+        bytes.narrow(0, 2 * start, 2 * count).view({count, 2}).to(torch::kInt64);
     const torch::Tensor words = pair.select(1, 0) + pair.select(1, 1) * 256;
-    const torch::Tensor weights = torch::arange(start, start + count, int64).remainder_(kModulus).add_(1);
+    const torch::Tensor weights =
+        torch::arange(start, start + count, int64).remainder_(kModulus).add_(1);
     // Chunk sums stay below 2^22 * 2^16 * 2^16 = 2^54: exact.
     a = (a + words.sum()).bitwise_and_(kLow32);
     b = (b + (words * weights).sum()).bitwise_and_(kLow32);

@@ -32,23 +32,23 @@ absl::StatusOr<c10::intrusive_ptr<CommGroup>> CreateNcclGroup(const RendezvousOp
   }
   RETURN_IF_ERROR(JoinRendezvous(*store, options, local));
   c10::intrusive_ptr<CommGroup> group;
-  RETURN_IF_ERROR(CatchTorch(
-      absl::StrCat("NCCL group rank ", options.rank, " of ", options.world_size, " on ",
-                   LocalHostname(), " (", device.str(), ")"),
-      [&] {
-        c10::cuda::set_device(device.index());
-        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-        nccl_options->timeout = options.timeout;
-        auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, options.rank,
-                                                                options.world_size, nccl_options);
-        // Bound to the device and connected now (a collective over every
-        // rank, all of which have joined), so a broken link fails here.
-        nccl->setBoundDeviceId(device);
-        nccl->eagerConnectSingleDevice(device);
-        group = nccl;
-      }));
-  SS_LOG_INFO("NCCL group: rank {}/{} on {} via {}", options.rank, options.world_size,
-              device.str(), local);
+  RETURN_IF_ERROR(
+      CatchTorch(absl::StrCat("NCCL group rank ", options.rank, " of ", options.world_size, " on ",
+                              LocalHostname(), " (", device.str(), ")"),
+                 [&] {
+                   c10::cuda::set_device(device.index());
+                   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+                   nccl_options->timeout = options.timeout;
+                   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+                       store, options.rank, options.world_size, nccl_options);
+                   // Bound to the device and connected now (a collective over every
+                   // rank, all of which have joined), so a broken link fails here.
+                   nccl->setBoundDeviceId(device);
+                   nccl->eagerConnectSingleDevice(device);
+                   group = nccl;
+                 }));
+  SS_LOG_INFO("NCCL group: rank {}/{} on {} via {}", options.rank, options.world_size, device.str(),
+              local);
   return group;
 }
 

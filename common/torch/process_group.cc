@@ -36,7 +36,9 @@ std::string Seconds(std::chrono::milliseconds d) {
   return absl::StrCat(static_cast<double>(d.count()) / 1000.0, " s");
 }
 
-std::string ToText(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::string ToText(const std::vector<uint8_t>& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
 
 struct InterfaceAddressEntry {
   std::string interface, address;
@@ -228,15 +230,12 @@ absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(const RendezvousOptions& opti
   absl::StatusOr<std::string> local = ResolveLocalAddress(options);
   std::shared_ptr<::gloo::transport::Device> device;
   absl::Status status =
-      local.ok() ? CatchTorch(absl::StrCat("rank ", options.rank, " on ", host,
-                                           " cannot bind Gloo to ", *local),
-                              [&] {
-                                device =
-                                    c10d::ProcessGroupGloo::createDeviceForHostname(*local);
-                              })
-                 : absl::Status(local.status().code(),
-                                absl::StrCat("rank ", options.rank, " on ", host, ": ",
-                                             local.status().message()));
+      local.ok()
+          ? CatchTorch(
+                absl::StrCat("rank ", options.rank, " on ", host, " cannot bind Gloo to ", *local),
+                [&] { device = c10d::ProcessGroupGloo::createDeviceForHostname(*local); })
+          : absl::Status(local.status().code(), absl::StrCat("rank ", options.rank, " on ", host,
+                                                             ": ", local.status().message()));
   if (!status.ok()) {
     PublishJoinError(*store, options.rank, std::string(status.message()));
     AwaitFailureRead(*store, options);
@@ -295,8 +294,9 @@ absl::Status AllReduceSum(CommGroup& group, torch::Tensor& tensor) {
 absl::StatusOr<torch::Tensor> ReduceScatterSum(CommGroup& group, const torch::Tensor& input) {
   const int64_t parts = group.getSize();
   if (input.dim() < 1 || input.size(0) % parts != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: ", input.dim() < 1 ? 0 : input.size(0),
-                                                   " rows do not split into ", parts, " parts"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce_scatter: ", input.dim() < 1 ? 0 : input.size(0),
+                     " rows do not split into ", parts, " parts"));
   }
   torch::Tensor output;
   RETURN_IF_ERROR(CatchTorch("reduce_scatter", [&] {

@@ -95,8 +95,8 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& text, const std::st
     }
     const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
     if (device.has_index() && device.index() >= count) {
-      return absl::FailedPreconditionError(absl::StrCat(what, ": \"", text, "\" but only ",
-                                                        count, " CUDA device(s) are visible"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": \"", text, "\" but only ", count, " CUDA device(s) are visible"));
     }
   }
   return device;

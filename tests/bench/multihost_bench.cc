@@ -33,7 +33,7 @@ constexpr int kWarmupSteps = 5;  // connect, first requests, allocator growth
 // The last steps run after the teacher has computed everything (the student
 // then has both cores) and are left out too.
 constexpr int kDrainSteps = 4;
-constexpr int kRounds = 3;  // clean, delayed and lossy runs, alternating
+constexpr int kRounds = 3;                      // clean, delayed and lossy runs, alternating
 constexpr int kBatch = 2, kSampleTokens = 128;  // every step trains kBatch x kSampleTokens
 
 std::string ReadAll(const std::string& path) {
@@ -110,8 +110,8 @@ int main() {
       {SPECSTREAM_TEACHER_PATH, "serve", "--model", dir + "/target", "--devices", "cpu", "--host",
        "0.0.0.0", "--port", "7100", "--keep-target-ids", "--port-file", dir + "/teacher.port"},
       {"OMP_NUM_THREADS=1"}, dir + "/teacher.log");
-  for (int i = 0; i < 600 && !std::filesystem::exists(dir + "/teacher.port") &&
-                  (*hosts)->Poll(teacher) == -1;
+  for (int i = 0;
+       i < 600 && !std::filesystem::exists(dir + "/teacher.port") && (*hosts)->Poll(teacher) == -1;
        ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -124,16 +124,15 @@ int main() {
     const std::string config = dir + "/" + name + ".yaml";
     std::ofstream(config) << "name: " << name << "\ndata:\n  tokenized: " << dir
                           << "/data.jsonl\n  teachers: [\"host0:7100\"]\n  ledger_dir: " << dir
-                          << "/ledger-" << name
-                          << "\nmodel:\n  target: " << dir
+                          << "/ledger-" << name << "\nmodel:\n  target: " << dir
                           << "/target\n  draft:\n    draft_vocab_size: 512\n"
                              "optimizer:\n  lr: 1.0e-3\n"
                              "training:\n  max_steps: "
                           << kSteps << "\n  batch_size: " << kBatch << "\n  ttt_steps: 4\n"
                           << "metrics:\n  jsonl: " << dir << "/" << name << ".metrics.jsonl\n";
     const auto start = std::chrono::steady_clock::now();
-    const int code = (*hosts)->Run(1, {SPECSTREAM_STUDENT_PATH, "train", "--config", config}, {"OMP_NUM_THREADS=1"},
-                                   dir + "/" + name + ".log");
+    const int code = (*hosts)->Run(1, {SPECSTREAM_STUDENT_PATH, "train", "--config", config},
+                                   {"OMP_NUM_THREADS=1"}, dir + "/" + name + ".log");
     std::printf("  %s: %d steps in %.1f s\n", name.c_str(), kSteps,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     std::fflush(stdout);
@@ -170,8 +169,10 @@ int main() {
   (*hosts)->Kill(teacher, SIGTERM);
   (*hosts)->Wait(teacher);
   const double ratio = Median(lossy_ratio);
-  std::printf("\nmultihost_bench: online training, student and teacher on separate hosts "
-              "(median of %d rounds)\n", kRounds);
+  std::printf(
+      "\nmultihost_bench: online training, student and teacher on separate hosts "
+      "(median of %d rounds)\n",
+      kRounds);
   std::printf("  %-38s %12s %8s\n", "link (teacher's host)", "tokens/s", "ratio");
   std::printf("  %-38s %12.0f %8.2f\n", "clean", Median(clean), 1.0);
   std::printf("  %-38s %12.0f %8.2f\n", "+20 ms round trip", Median(delayed),

@@ -193,10 +193,11 @@ int Run() {
          static_cast<int>(kPayloadBytes >> 20), d2d_gbps);
   printf("| NCCL payload device to device, %d x %d MiB | %.2f | %.3f of cudaMemcpy D2D |\n",
          kSamples, static_cast<int>(kPayloadBytes >> 20), device_gbps, device_gbps / d2d_gbps);
-  printf("SUMMARY nccl: host payloads %.2f GB/s = %.3f x memcpy; device to device %.2f GB/s = "
-         "%.4f x cudaMemcpy D2D (%.0f GB/s), NCCL %d.%d.%d, %d device(s)\n",
-         nccl_gbps, ratio, device_gbps, device_gbps / d2d_gbps, d2d_gbps, *version / 10000,
-         *version / 100 % 100, *version % 100, devices);
+  printf(
+      "SUMMARY nccl: host payloads %.2f GB/s = %.3f x memcpy; device to device %.2f GB/s = "
+      "%.4f x cudaMemcpy D2D (%.0f GB/s), NCCL %d.%d.%d, %d device(s)\n",
+      nccl_gbps, ratio, device_gbps, device_gbps / d2d_gbps, d2d_gbps, *version / 10000,
+      *version / 100 % 100, *version % 100, devices);
   if (sender_exit != 0) {
     fprintf(stderr, "nccl_bench: sender exited with %d\n", sender_exit);
     return 1;

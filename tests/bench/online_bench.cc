@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "tests/bench/bench_util.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -33,6 +32,7 @@
 #include "teacher/hf_runtime.h"
 #include "teacher/init_random.h"
 #include "teacher/teacher_service.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 

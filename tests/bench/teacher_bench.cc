@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "tests/bench/bench_util.h"
 #include "common/logging.h"
 #include "teacher/hf_runtime.h"
 #include "teacher/init_random.h"
+#include "tests/bench/bench_util.h"
 
 namespace {
 
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   // The forward's linears: per layer q, k, v, o, gate, up, down; then the
   // lm_head (target_ids), tied to the embeddings, so these are the parameters.
   const std::vector<Gemm> linears = {{H, A * D, L}, {H, B * D, 2 * L}, {A * D, H, L},
-                                     {H, I, 2 * L},  {I, H, L},         {H, V, 1}};
+                                     {H, I, 2 * L}, {I, H, L},         {H, V, 1}};
   double params = 0;
   for (const Gemm& g : linears) params += static_cast<double>(g.k) * g.n * g.count;
   std::string dir = (std::filesystem::temp_directory_path() / "specstream-teacher-bench").string();

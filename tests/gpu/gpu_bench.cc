@@ -104,11 +104,11 @@ double TeacherFlops(const TeacherShape& s, int64_t t) {
 int TeacherBench(double peak, const std::string& dir) {
   const TeacherShape s;
   const std::string model = dir + "/teacher";
-  const int init = Shell(absl::StrCat(
-      SPECSTREAM_TEACHER_PATH, " init-random --arch llama --layers ", s.layers, " --hidden ",
-      s.hidden, " --heads ", s.heads, " --kv-heads ", s.kv_heads, " --intermediate ",
-      s.intermediate, " --vocab ", s.vocab, " --dtype bfloat16 --out ", model, " >", dir,
-      "/init.log 2>&1"));
+  const int init =
+      Shell(absl::StrCat(SPECSTREAM_TEACHER_PATH, " init-random --arch llama --layers ", s.layers,
+                         " --hidden ", s.hidden, " --heads ", s.heads, " --kv-heads ", s.kv_heads,
+                         " --intermediate ", s.intermediate, " --vocab ", s.vocab,
+                         " --dtype bfloat16 --out ", model, " >", dir, "/init.log 2>&1"));
   if (init != 0) {
     std::fprintf(stderr, "gpu_bench: init-random failed (%s/init.log)\n", dir.c_str());
     return 1;
@@ -122,8 +122,10 @@ int TeacherBench(double peak, const std::string& dir) {
     std::fprintf(stderr, "gpu_bench: %s\n", runtime.status().ToString().c_str());
     return 1;
   }
-  std::printf("\nTeacher forward, %ld layers, hidden %ld, bf16, one sequence, captures + target "
-              "ids:\n", static_cast<long>(s.layers), static_cast<long>(s.hidden));
+  std::printf(
+      "\nTeacher forward, %ld layers, hidden %ld, bf16, one sequence, captures + target "
+      "ids:\n",
+      static_cast<long>(s.layers), static_cast<long>(s.hidden));
   std::printf("%8s %14s %14s %14s %10s %8s\n", "tokens", "ours tok/s", "hf eager", "hf sdpa",
               "vs best", "MFU");
   for (int64_t t : {1024, 4096}) {
@@ -131,7 +133,8 @@ int TeacherBench(double peak, const std::string& dir) {
     request.want_target_ids = true;
     request.sequences = {testing::RandomTokens(static_cast<int>(t), static_cast<int>(s.vocab), 9)};
     bool ok = true;
-    const double seconds = MedianSeconds(2, 5, [&] { ok = (*runtime)->Forward(request).ok() && ok; });
+    const double seconds =
+        MedianSeconds(2, 5, [&] { ok = (*runtime)->Forward(request).ok() && ok; });
     if (!ok) return 1;
     const double ours = t / seconds;
     const double eager = TransformersTokensPerSecond(model, t, "eager", dir + "/hf-eager.log");
@@ -140,9 +143,10 @@ int TeacherBench(double peak, const std::string& dir) {
     const double mfu = TeacherFlops(s, t) / seconds / 1e12 / peak;
     std::printf("%8ld %14.0f %14.0f %14.0f %10.2f %8.3f\n", static_cast<long>(t), ours, eager, sdpa,
                 best > 0 ? ours / best : 0.0, mfu);
-    std::printf("SUMMARY teacher %ld tokens: %.0f tok/s = %.2f x transformers' best (eager %.0f, "
-                "sdpa %.0f; 0: not importable), MFU %.3f (goal >= 1.0 x, MFU >= 0.4)\n",
-                static_cast<long>(t), ours, best > 0 ? ours / best : 0.0, eager, sdpa, mfu);
+    std::printf(
+        "SUMMARY teacher %ld tokens: %.0f tok/s = %.2f x transformers' best (eager %.0f, "
+        "sdpa %.0f; 0: not importable), MFU %.3f (goal >= 1.0 x, MFU >= 0.4)\n",
+        static_cast<long>(t), ours, best > 0 ? ours / best : 0.0, eager, sdpa, mfu);
   }
   return 0;
 }
@@ -228,9 +232,10 @@ int StudentBench(double peak, const std::string& dir) {
   const double mfu = DraftStepFlops(s) / seconds / 1e12 / peak;
   std::printf("\nEAGLE-3 step, Llama-3.1-8B shapes, K=%d, %ld tokens, bf16: %.0f tok/s, MFU %.3f\n",
               s.ttt, static_cast<long>(s.tokens), s.tokens / seconds, mfu);
-  std::printf("SUMMARY student step (Llama-3.1-8B shapes, K=%d, %ld tokens): %.0f tok/s, MFU %.3f "
-              "(goal >= 0.3)\n",
-              s.ttt, static_cast<long>(s.tokens), s.tokens / seconds, mfu);
+  std::printf(
+      "SUMMARY student step (Llama-3.1-8B shapes, K=%d, %ld tokens): %.0f tok/s, MFU %.3f "
+      "(goal >= 0.3)\n",
+      s.ttt, static_cast<long>(s.tokens), s.tokens / seconds, mfu);
   return 0;
 }
 

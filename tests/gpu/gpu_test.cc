@@ -134,8 +134,7 @@ teacher::ForwardRequest Request(int vocab) {
 }
 
 std::vector<teacher::SequenceCapture> Captures(const std::string& runtime, const std::string& dir,
-                                               const std::string& dtype,
-                                               const std::string& device,
+                                               const std::string& dtype, const std::string& device,
                                                const teacher::ForwardRequest& request) {
   teacher::TargetRuntimeOptions options;
   options.model_dir = dir;
@@ -205,11 +204,10 @@ TEST(GpuRuntimeTest, CapturesMatchTransformersOnTheGpu) {
   testing::WriteTinyModel(dir.path(), model);
   const std::vector<int32_t> ids = testing::RandomTokens(200, model.vocab, 3);
   const std::string out = dir.Join("reference.safetensors");
-  const std::string command =
-      absl::StrCat(SPECSTREAM_GPU_PYTHON, " ", testing::SourceDir(),
-                   "/tests/gpu/hf_reference.py hidden --model ", dir.path(), " --ids ",
-                   absl::StrJoin(ids, ","), " --device cuda --dtype float32 --out ", out, " >",
-                   dir.Join("hf.log"), " 2>&1");
+  const std::string command = absl::StrCat(
+      SPECSTREAM_GPU_PYTHON, " ", testing::SourceDir(),
+      "/tests/gpu/hf_reference.py hidden --model ", dir.path(), " --ids ", absl::StrJoin(ids, ","),
+      " --device cuda --dtype float32 --out ", out, " >", dir.Join("hf.log"), " 2>&1");
   const int status = std::system(command.c_str());
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (code == 77) GTEST_SKIP() << "transformers is not importable: " << ReadLog(dir.Join("hf.log"));
@@ -249,7 +247,8 @@ TEST(GpuRuntimeTest, TensorAndExpertParallelOverNcclMatchOneRank) {
   moe.experts = 8;
   moe.top_k = 2;
   moe.intermediate = 128;
-  for (const Case& c : {Case{"TP 2", "hf", MidModel("llama"), 1}, Case{"TP 2 EP 2", "sglang", moe, 2}}) {
+  for (const Case& c :
+       {Case{"TP 2", "hf", MidModel("llama"), 1}, Case{"TP 2 EP 2", "sglang", moe, 2}}) {
     TempDir dir;
     testing::WriteTinyModel(dir.path(), c.model);
     const teacher::ForwardRequest request = Request(c.model.vocab);
@@ -340,10 +339,10 @@ class GpuTrainingTest : public ::testing::Test {
     testing::WriteTinyModel(dir_.Join("target"), model);
     testing::WriteTokenizedSamples(dir_.Join("data.jsonl"), 24, 11, 7, model.vocab);
     ASSERT_EQ(RunProcess({SPECSTREAM_TEACHER_PATH, "dump", "--model", dir_.Join("target"), "--data",
-                   dir_.Join("data.jsonl"), "--out", dir_.Join("store"), "--devices", "cuda:0",
-                   "--dtype", "float32", "--store-dtype", "float32", "--keep-target-ids",
-                   "--batch-tokens", "1"},
-                  dir_.Join("dump.log")),
+                          dir_.Join("data.jsonl"), "--out", dir_.Join("store"), "--devices",
+                          "cuda:0", "--dtype", "float32", "--store-dtype", "float32",
+                          "--keep-target-ids", "--batch-tokens", "1"},
+                         dir_.Join("dump.log")),
               0)
         << ReadLog(dir_.Join("dump.log"));
   }
@@ -369,12 +368,12 @@ class GpuTrainingTest : public ::testing::Test {
     std::vector<pid_t> pids;
     for (int rank = 0; rank < world; ++rank) {
       std::vector<std::string> env = PeerEnv(absl::StrCat("gpu-test-", name, "-", rank));
-      env.insert(env.end(), {absl::StrCat("RANK=", rank), absl::StrCat("WORLD_SIZE=", world),
-                             "LOCAL_RANK=0", "MASTER_ADDR=127.0.0.1",
-                             absl::StrCat("MASTER_PORT=", port)});
-      pids.push_back(Spawn({SPECSTREAM_STUDENT_PATH, "train", "--config", config, "--device",
-                            RankDevice(rank)},
-                           env, dir_.Join(absl::StrCat(name, "-rank", rank, ".log"))));
+      env.insert(env.end(),
+                 {absl::StrCat("RANK=", rank), absl::StrCat("WORLD_SIZE=", world), "LOCAL_RANK=0",
+                  "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)});
+      pids.push_back(Spawn(
+          {SPECSTREAM_STUDENT_PATH, "train", "--config", config, "--device", RankDevice(rank)}, env,
+          dir_.Join(absl::StrCat(name, "-rank", rank, ".log"))));
     }
     bool ok = true;
     for (pid_t pid : pids) ok = Wait(pid) == 0 && ok;
@@ -395,7 +394,8 @@ class GpuTrainingTest : public ::testing::Test {
     ASSERT_EQ(la.size(), lb.size()) << a << " vs " << b;
     ASSERT_FALSE(la.empty());
     for (size_t i = 0; i < la.size(); ++i) {
-      EXPECT_NEAR(la[i], lb[i], tolerance * std::abs(lb[i])) << a << " vs " << b << ", step " << i + 1;
+      EXPECT_NEAR(la[i], lb[i], tolerance * std::abs(lb[i]))
+          << a << " vs " << b << ", step " << i + 1;
     }
     std::printf("%s vs %s: last loss %.8f / %.8f\n", a.c_str(), b.c_str(), la.back(), lb.back());
   }
@@ -415,9 +415,8 @@ TEST_F(GpuTrainingTest, DataAndContextParallelOverNcclMatchOneRank) {
   ExpectSameLosses("ddp", "one", 1e-5);
   for (const std::string mode : {"ring", "ulysses"}) {
     const std::string name = "cp-" + mode;
-    ASSERT_TRUE(TrainRanks(name,
-                           Job(name, 4, "parallel:\n  dp_size: 1\n  cp_size: 2\n  cp_mode: " + mode + "\n"),
-                           2))
+    ASSERT_TRUE(TrainRanks(
+        name, Job(name, 4, "parallel:\n  dp_size: 1\n  cp_size: 2\n  cp_mode: " + mode + "\n"), 2))
         << ReadLog(dir_.Join(name + "-rank0.log")) << ReadLog(dir_.Join(name + "-rank1.log"));
     ExpectSameLosses(name, "one", 1e-5);
   }
@@ -431,12 +430,12 @@ TEST_F(GpuTrainingTest, DataAndContextParallelOverNcclMatchOneRank) {
 TEST_F(GpuTrainingTest, OnlineFromAGpuTeacherTrainsLikeOffline) {
   SKIP_WITHOUT_CUDA();
   const std::string port_file = dir_.Join("teacher.port");
-  const pid_t teacher = Spawn(
-      {SPECSTREAM_TEACHER_PATH, "serve", "--model", dir_.Join("target"), "--devices", "cuda:0",
-       "--port", "0", "--port-file", port_file, "--dtype", "float32", "--payload-dtype",
-       "float32", "--keep-target-ids", "--batch-tokens", "1", "--nccl-device",
-       std::to_string(CudaDevices() - 1)},
-      PeerEnv("gpu-test-teacher"), dir_.Join("teacher.log"));
+  const pid_t teacher =
+      Spawn({SPECSTREAM_TEACHER_PATH, "serve", "--model", dir_.Join("target"), "--devices",
+             "cuda:0", "--port", "0", "--port-file", port_file, "--dtype", "float32",
+             "--payload-dtype", "float32", "--keep-target-ids", "--batch-tokens", "1",
+             "--nccl-device", std::to_string(CudaDevices() - 1)},
+            PeerEnv("gpu-test-teacher"), dir_.Join("teacher.log"));
   ASSERT_GT(teacher, 0);
   testing::ApplyEnv(testing::NcclPeerEnv(CudaDevices(), "gpu-test-student"));
   for (int i = 0; i < 600 && !std::filesystem::exists(port_file); ++i) {
@@ -478,7 +477,8 @@ TEST_F(GpuTrainingTest, OnlineFromAGpuTeacherTrainsLikeOffline) {
     const auto& b = (*offline)->history();
     ASSERT_EQ(a.size(), b.size()) << transport;
     for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_NEAR(a[i].loss, b[i].loss, 1e-6 * std::abs(b[i].loss)) << transport << ", step " << i + 1;
+      EXPECT_NEAR(a[i].loss, b[i].loss, 1e-6 * std::abs(b[i].loss))
+          << transport << ", step " << i + 1;
     }
     double worst = 0;
     for (size_t i = 0; i < (*online)->draft().parameters().size(); ++i) {

@@ -454,9 +454,10 @@ TEST_F(CoordinatorTest, TlsCoordinator) {
 TEST_F(CoordinatorTest, DaemonsCheckTheirConfigWithoutStarting) {
   const std::string out = dir_.Join("tool.out");
   const std::string teacher = "serve --model " + dir_.Join("no-model") + " --port 0 ";
-  ASSERT_EQ(RunTool(SPECSTREAM_TEACHER_PATH,
-                    teacher + "--devices cuda:0,cuda:1 --tp 2 --coordinator c:50051 --check-config"),
-            0)
+  ASSERT_EQ(
+      RunTool(SPECSTREAM_TEACHER_PATH,
+              teacher + "--devices cuda:0,cuda:1 --tp 2 --coordinator c:50051 --check-config"),
+      0)
       << testing::ReadFile(out);
   EXPECT_NE(testing::ReadFile(out).find("configuration OK: runtime hf, 2 TP rank(s) on "
                                         "cuda:0,cuda:1"),
@@ -487,8 +488,8 @@ TEST_F(CoordinatorTest, DaemonsCheckTheirConfigWithoutStarting) {
   EXPECT_NE(testing::ReadFile(out).find("--metrics-port 70000"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("w")));  // nothing started
 
-  const std::string coordinator = "--port 0 --db " + dir_.Join("c.db") + " --token-file " +
-                                  dir_.Join("token");
+  const std::string coordinator =
+      "--port 0 --db " + dir_.Join("c.db") + " --token-file " + dir_.Join("token");
   ASSERT_EQ(RunTool(SPECSTREAM_COORDINATOR_PATH, coordinator + " --check-config"), 0)
       << testing::ReadFile(out);
   EXPECT_EQ(RunTool(SPECSTREAM_COORDINATOR_PATH,

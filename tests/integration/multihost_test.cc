@@ -88,8 +88,9 @@ class MultiHostTest : public ::testing::Test {
            "optimizer:\n  lr: 3.0e-3\n  warmup_steps: 2\n"
            "training:\n  max_steps: 4\n  batch_size: 2\n  ttt_steps: 3\n  dtype: float32\n"
            "checkpoint:\n  dir: " +
-           dir_.Join("ckpt-" + name) + "\n  every_steps: 1\nmetrics:\n  jsonl: " +
-           dir_.Join(name + ".metrics.jsonl") + "\n" + extra;
+           dir_.Join("ckpt-" + name) +
+           "\n  every_steps: 1\nmetrics:\n  jsonl: " + dir_.Join(name + ".metrics.jsonl") + "\n" +
+           extra;
   }
   std::string StoreJob(const std::string& name, const std::string& extra) {
     return Job(name, "  store: " + dir_.Join("store") + "\n", extra);
@@ -102,8 +103,8 @@ class MultiHostTest : public ::testing::Test {
 
   // The same job on one host: `train --nproc` on loopback.
   void TrainOnOneHost(const std::string& name, const std::string& yaml, int nproc) {
-    ASSERT_EQ(Tool(SPECSTREAM_STUDENT_PATH, "train --config " + WriteJob(name, yaml) +
-                                                " --nproc " + std::to_string(nproc)),
+    ASSERT_EQ(Tool(SPECSTREAM_STUDENT_PATH,
+                   "train --config " + WriteJob(name, yaml) + " --nproc " + std::to_string(nproc)),
               0)
         << ToolLog();
   }
@@ -116,10 +117,10 @@ class MultiHostTest : public ::testing::Test {
     const std::string config = WriteJob(name, yaml);
     std::vector<pid_t> pids;
     for (size_t rank = 0; rank < rank_hosts.size(); ++rank) {
-      std::vector<std::string> env = {
-          "RANK=" + std::to_string(rank), "LOCAL_RANK=0",
-          "WORLD_SIZE=" + std::to_string(rank_hosts.size()),
-          "MASTER_ADDR=" + hosts_->address(rank_hosts[0]), "MASTER_PORT=" + std::to_string(port)};
+      std::vector<std::string> env = {"RANK=" + std::to_string(rank), "LOCAL_RANK=0",
+                                      "WORLD_SIZE=" + std::to_string(rank_hosts.size()),
+                                      "MASTER_ADDR=" + hosts_->address(rank_hosts[0]),
+                                      "MASTER_PORT=" + std::to_string(port)};
       auto it = extra_env.find(static_cast<int>(rank));
       if (it != extra_env.end()) env.insert(env.end(), it->second.begin(), it->second.end());
       pids.push_back(hosts_->Spawn(rank_hosts[rank],
@@ -142,12 +143,11 @@ class MultiHostTest : public ::testing::Test {
   // A teacher on the machine's own loopback, for the one-host references;
   // returns its port. StopLocalTeacher ends it.
   int StartLocalTeacher() {
-    const std::string serve = std::string(SPECSTREAM_TEACHER_PATH) + " serve --model " +
-                              dir_.Join("target") + " --devices cpu --port 0 --port-file " +
-                              dir_.Join("local-teacher.port") +
-                              " --keep-target-ids --batch-tokens 1 >" +
-                              dir_.Join("local-teacher.log") + " 2>&1 & echo $! >" +
-                              dir_.Join("local-teacher.pid");
+    const std::string serve =
+        std::string(SPECSTREAM_TEACHER_PATH) + " serve --model " + dir_.Join("target") +
+        " --devices cpu --port 0 --port-file " + dir_.Join("local-teacher.port") +
+        " --keep-target-ids --batch-tokens 1 >" + dir_.Join("local-teacher.log") +
+        " 2>&1 & echo $! >" + dir_.Join("local-teacher.pid");
     EXPECT_EQ(std::system(serve.c_str()), 0);
     return WaitPort("local-teacher");
   }
@@ -481,11 +481,11 @@ TEST_F(MultiHostTest, CoordinatorJobWithEveryRoleOnItsOwnHost) {
 
   // The same job on one host, against a teacher on loopback.
   const int local_port = StartLocalTeacher();
-  TrainOnOneHost("e2e-local",
-                 Job("e2e-local",
-                     online + "  teachers: [\"127.0.0.1:" + std::to_string(local_port) + "\"]\n",
-                     "parallel:\n  dp_size: 2\n"),
-                 2);
+  TrainOnOneHost(
+      "e2e-local",
+      Job("e2e-local", online + "  teachers: [\"127.0.0.1:" + std::to_string(local_port) + "\"]\n",
+          "parallel:\n  dp_size: 2\n"),
+      2);
   StopLocalTeacher();
   ExpectSameTraining("e2e-local", "e2e");
 }
@@ -502,22 +502,23 @@ TEST_F(MultiHostTest, ParallelJobsThroughTheCoordinatorSpanStudentHosts) {
     std::string name, parallel;
     int world;
   };
-  for (const Case& c : {Case{"co-ring", "parallel:\n  dp_size: 1\n  cp_size: 2\n  cp_mode: ring\n", 2},
-                        Case{"co-ulysses", "parallel:\n  dp_size: 1\n  cp_size: 2\n  cp_mode: ulysses\n", 2},
-                        Case{"co-dpcp", "parallel:\n  dp_size: 2\n  cp_size: 2\n  cp_mode: ring\n", 4}}) {
-    ASSERT_EQ(Cli(6, coordinator,
-                  {"submit", WriteJob(c.name, StoreJob(c.name, c.parallel)), "--id", c.name,
-                   "--follow"}),
-              0)
-        << c.name << ":\n" << Log("cli") << Log("coordinator") << Log("student0");
+  for (const Case& c :
+       {Case{"co-ring", "parallel:\n  dp_size: 1\n  cp_size: 2\n  cp_mode: ring\n", 2},
+        Case{"co-ulysses", "parallel:\n  dp_size: 1\n  cp_size: 2\n  cp_mode: ulysses\n", 2},
+        Case{"co-dpcp", "parallel:\n  dp_size: 2\n  cp_size: 2\n  cp_mode: ring\n", 4}}) {
+    ASSERT_EQ(
+        Cli(6, coordinator,
+            {"submit", WriteJob(c.name, StoreJob(c.name, c.parallel)), "--id", c.name, "--follow"}),
+        0)
+        << c.name << ":\n"
+        << Log("cli") << Log("coordinator") << Log("student0");
     TrainOnOneHost(c.name + "-local", StoreJob(c.name + "-local", c.parallel), c.world);
     ExpectSameTraining(c.name + "-local", c.name);
   }
   // Every student host ran a rank bound to its own address.
   for (int s = 0; s < 4; ++s) {
     const std::string log = Log("student" + std::to_string(s));
-    EXPECT_NE(log.find("binds " + hosts_->address(2 + s) + " and joins"), std::string::npos)
-        << log;
+    EXPECT_NE(log.find("binds " + hosts_->address(2 + s) + " and joins"), std::string::npos) << log;
   }
 }
 
@@ -568,7 +569,8 @@ TEST_F(MultiHostTest, DelayAndLossToTheTeacherLoseNothing) {
   StartTeacher(0, "teacher");
   ASSERT_TRUE(hosts_->SetDelay(0, absl::Milliseconds(20)).ok());
   ASSERT_TRUE(hosts_->SetLoss(0, 1).ok());
-  const std::string teachers = "  teachers: [\"host0:" + std::to_string(WaitPort("teacher")) + "\"]\n";
+  const std::string teachers =
+      "  teachers: [\"host0:" + std::to_string(WaitPort("teacher")) + "\"]\n";
   const std::string config = WriteJob("lossy", LedgerJob("lossy", teachers, 48));
   ASSERT_EQ(hosts_->Run(1, {SPECSTREAM_STUDENT_PATH, "train", "--config", config}, {},
                         dir_.Join("lossy.log")),
@@ -584,8 +586,8 @@ TEST_F(MultiHostTest, CoordinatorUnreachableForTenSecondsJobKeepsTraining) {
   if (!MakeHosts(5)) return;
   MakeTargetAndStore();
   const std::string coordinator = StartSystem(0, 1, {2, 3}, "--lost-after-s 30");
-  std::string yaml = Job("outage", "  tokenized: " + dir_.Join("data.jsonl") + "\n",
-                         "parallel:\n  dp_size: 2\n");
+  std::string yaml =
+      Job("outage", "  tokenized: " + dir_.Join("data.jsonl") + "\n", "parallel:\n  dp_size: 2\n");
   yaml.replace(yaml.find("max_steps: 4"), 12, "max_steps: 400");
   yaml.replace(yaml.find("every_steps: 1"), 14, "every_steps: 100");
   const std::string job = WriteJob("outage", yaml);
@@ -597,8 +599,8 @@ TEST_F(MultiHostTest, CoordinatorUnreachableForTenSecondsJobKeepsTraining) {
   std::this_thread::sleep_for(std::chrono::seconds(10));
   const int64_t during = MetricsStep("outage");
   ASSERT_TRUE(hosts_->SetLink(0, true).ok());
-  std::cerr << "coordinator cut off for 10 s: the job went from step " << before << " to "
-            << during << "\n";
+  std::cerr << "coordinator cut off for 10 s: the job went from step " << before << " to " << during
+            << "\n";
   EXPECT_GT(during, before) << "training stopped while the coordinator was away";
   ASSERT_EQ(Cli(4, coordinator, {"wait", "outage-1", "--timeout", "300"}), 0)
       << Log("cli") << Log("coordinator") << Log("student0") << Log("student1");
@@ -627,8 +629,8 @@ TEST_F(MultiHostTest, StudentHostCutOffJobRestartsFromCheckpoint) {
     return yaml;
   };
   const std::string online = "  tokenized: " + dir_.Join("data.jsonl") + "\n";
-  ASSERT_EQ(Cli(5, coordinator, {"submit", WriteJob("cutoff", job("cutoff", online)), "--id",
-                                 "cutoff-1"}),
+  ASSERT_EQ(Cli(5, coordinator,
+                {"submit", WriteJob("cutoff", job("cutoff", online)), "--id", "cutoff-1"}),
             0)
       << Log("cli");
   ASSERT_TRUE(WaitForStep("cutoff", 25, 120)) << Log("coordinator") << Log("student0");
@@ -654,8 +656,8 @@ TEST_F(MultiHostTest, StudentHostCutOffJobRestartsFromCheckpoint) {
   // The same job without interruption, on one host.
   const int local_port = StartLocalTeacher();
   TrainOnOneHost("cutoff-local",
-                 job("cutoff-local", online + "  teachers: [\"127.0.0.1:" +
-                                         std::to_string(local_port) + "\"]\n"),
+                 job("cutoff-local",
+                     online + "  teachers: [\"127.0.0.1:" + std::to_string(local_port) + "\"]\n"),
                  2);
   StopLocalTeacher();
   const std::string last = "/step-00000200/draft.safetensors";
@@ -686,7 +688,8 @@ TEST_F(MultiHostTest, KubernetesSmokeJobRunsPodByPod) {
                             .c_str()),
             0)
       << Log("render.err");
-  const nlohmann::json objects = nlohmann::json::parse(testing::ReadFile(dir_.Join("rendered.json")));
+  const nlohmann::json objects =
+      nlohmann::json::parse(testing::ReadFile(dir_.Join("rendered.json")));
 
   struct Pod {
     std::string name;
@@ -819,9 +822,8 @@ TEST_F(MultiHostTest, KubernetesSmokeJobRunsPodByPod) {
       return hosts_->Wait(pid);
     };
     for (const auto& c : pod.spec.value("initContainers", nlohmann::json::array())) {
-      ASSERT_EQ(run_container(c, true), 0)
-          << pod.name << " init " << c["name"] << ": "
-          << Log(pod.name + "-" + c["name"].get<std::string>());
+      ASSERT_EQ(run_container(c, true), 0) << pod.name << " init " << c["name"] << ": "
+                                           << Log(pod.name + "-" + c["name"].get<std::string>());
     }
     for (const auto& c : pod.spec["containers"]) run_container(c, false);
   }
@@ -843,8 +845,8 @@ TEST_F(MultiHostTest, KubernetesSmokeJobRunsPodByPod) {
   };
   for (pid_t pid : running) ASSERT_EQ(hosts_->Poll(pid), -1) << "a container exited:\n" << logs();
   ASSERT_EQ(Cli(outside, address,
-                {"submit", testing::SourceDir() + "/deploy/k8s/overlays/cpu-smoke/job.yaml",
-                 "--id", "smoke-1"}),
+                {"submit", testing::SourceDir() + "/deploy/k8s/overlays/cpu-smoke/job.yaml", "--id",
+                 "smoke-1"}),
             0)
       << Log("cli") << logs();
   ASSERT_EQ(Cli(outside, address, {"wait", "smoke-1", "--timeout", "300"}), 0)

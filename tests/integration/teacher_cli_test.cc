@@ -244,9 +244,9 @@ TEST_F(TeacherCliTest, ServeStreamsSamplesAndExitsCleanlyOnSigterm) {
   // The binary re-executed itself with passive idle OpenMP workers
   // (common/openmp_wait.h), the test's environment having chosen no policy.
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    EXPECT_NE(testing::ReadFile(absl::StrCat("/proc/", pid, "/environ")).find(
-                  "OMP_WAIT_POLICY=PASSIVE"),
-              std::string::npos);
+    EXPECT_NE(
+        testing::ReadFile(absl::StrCat("/proc/", pid, "/environ")).find("OMP_WAIT_POLICY=PASSIVE"),
+        std::string::npos);
   }
 
   grpc::ChannelArguments args;

@@ -28,9 +28,9 @@ void Collect(const c10::IValue& value, std::vector<const at::Tensor*>& out) {
 
 // The ops that move data between devices on purpose.
 bool IsTransfer(const char* name) {
-  static const std::set<std::string> kTransfers = {
-      "aten::to",         "aten::_to_copy", "aten::copy_",
-      "aten::_copy_from", "aten::_copy_from_and_resize"};
+  static const std::set<std::string> kTransfers = {"aten::to", "aten::_to_copy", "aten::copy_",
+                                                   "aten::_copy_from",
+                                                   "aten::_copy_from_and_resize"};
   return kTransfers.count(name) > 0;
 }
 

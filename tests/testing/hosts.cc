@@ -16,16 +16,16 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <deque>
-#include <future>
-#include <thread>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -121,9 +121,8 @@ class TestHosts::PacketDelayer final {
     d->delay_ = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(delay));
     std::promise<absl::Status> ready;
     std::future<absl::Status> started = ready.get_future();
-    d->thread_ = std::thread([raw = d.get(), netns_path, queue, &ready] {
-      raw->Run(netns_path, queue, ready);
-    });
+    d->thread_ = std::thread(
+        [raw = d.get(), netns_path, queue, &ready] { raw->Run(netns_path, queue, ready); });
     absl::Status status = started.get();
     if (!status.ok()) return status;  // the thread has returned; ~PacketDelayer joins it
     return d;
@@ -141,8 +140,7 @@ class TestHosts::PacketDelayer final {
   };
   PacketDelayer() = default;
 
-  static int OnPacket(nfq_q_handle* /*queue*/, nfgenmsg* /*message*/, nfq_data* data,
-                      void* self) {
+  static int OnPacket(nfq_q_handle* /*queue*/, nfgenmsg* /*message*/, nfq_data* data, void* self) {
     auto* d = static_cast<PacketDelayer*>(self);
     const nfqnl_msg_packet_hdr* header = nfq_get_msg_packet_hdr(data);
     if (header != nullptr) d->held_.push_back({ntohl(header->packet_id), Clock::now() + d->delay_});
@@ -152,17 +150,18 @@ class TestHosts::PacketDelayer final {
   void Run(const std::string& netns_path, int queue, std::promise<absl::Status>& ready) {
     const int netns = open(netns_path.c_str(), O_RDONLY | O_CLOEXEC);
     if (netns < 0 || setns(netns, CLONE_NEWNET) != 0) {
-      ready.set_value(absl::InternalError(absl::StrCat("setns ", netns_path, ": ",
-                                                       std::strerror(errno))));
+      ready.set_value(
+          absl::InternalError(absl::StrCat("setns ", netns_path, ": ", std::strerror(errno))));
       if (netns >= 0) close(netns);
       return;
     }
     close(netns);
     nfq_handle* handle = nfq_open();
-    nfq_q_handle* q = handle != nullptr ? nfq_create_queue(handle, queue, &OnPacket, this) : nullptr;
+    nfq_q_handle* q =
+        handle != nullptr ? nfq_create_queue(handle, queue, &OnPacket, this) : nullptr;
     if (q == nullptr || nfq_set_mode(q, NFQNL_COPY_META, 0) < 0) {
-      ready.set_value(absl::FailedPreconditionError(absl::StrCat(
-          "NFQUEUE ", queue, " in ", netns_path, ": ", std::strerror(errno))));
+      ready.set_value(absl::FailedPreconditionError(
+          absl::StrCat("NFQUEUE ", queue, " in ", netns_path, ": ", std::strerror(errno))));
       if (q != nullptr) nfq_destroy_queue(q);
       if (handle != nullptr) nfq_close(handle);
       return;
@@ -329,7 +328,8 @@ pid_t TestHosts::Spawn(int host, const std::vector<std::string>& argv,
   for (const Mount& m : options.mounts) {
     std::filesystem::path missing = m.target;
     std::vector<std::string> made;
-    while (!missing.empty() && missing != missing.root_path() && !std::filesystem::exists(missing)) {
+    while (!missing.empty() && missing != missing.root_path() &&
+           !std::filesystem::exists(missing)) {
       made.push_back(missing.string());
       missing = missing.parent_path();
     }
@@ -379,8 +379,8 @@ pid_t TestHosts::Spawn(int host, const std::vector<std::string>& argv,
       if (mount(m.source.c_str(), m.target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
         fail("hosts: bind mount");
       }
-      if (m.read_only && mount(nullptr, m.target.c_str(), nullptr,
-                               MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0) {
+      if (m.read_only && mount(nullptr, m.target.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY,
+                               nullptr) != 0) {
         fail("hosts: read-only remount");
       }
     }

@@ -73,11 +73,10 @@ class TestHosts final {
   // Starts `argv` on host `host` with the machine's environment plus `env`
   // ("NAME=value", overriding), stdout and stderr appended to `log`.
   // Returns the pid (a child of this process), or -1 with a test failure.
-  pid_t Spawn(int host, const std::vector<std::string>& argv,
-              const std::vector<std::string>& env, const std::string& log,
-              const SpawnOptions& options);
-  pid_t Spawn(int host, const std::vector<std::string>& argv,
-              const std::vector<std::string>& env, const std::string& log) {
+  pid_t Spawn(int host, const std::vector<std::string>& argv, const std::vector<std::string>& env,
+              const std::string& log, const SpawnOptions& options);
+  pid_t Spawn(int host, const std::vector<std::string>& argv, const std::vector<std::string>& env,
+              const std::string& log) {
     return Spawn(host, argv, env, log, SpawnOptions{});
   }
   // Waits for a spawned process: its exit code, or 128 + the signal.
@@ -122,7 +121,7 @@ class TestHosts final {
   absl::Status Build(int count);
   void WriteHostsFile();
 
-  std::string prefix_;      // namespace names: <prefix>s (switch), <prefix>h<i>
+  std::string prefix_;  // namespace names: <prefix>s (switch), <prefix>h<i>
   std::string switch_ns_;
   std::string hosts_file_;  // bind-mounted on /etc/hosts in spawned processes
   std::vector<Host> hosts_;

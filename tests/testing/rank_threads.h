@@ -5,7 +5,6 @@
 
 #include <functional>
 
-
 #include "absl/status/status.h"
 #include "common/torch/process_group.h"
 

@@ -9,8 +9,8 @@ absl::StatusOr<std::vector<teacher::SequenceCapture>> ForwardOnRankThreads(
     const std::string& runtime, teacher::TargetRuntimeOptions options, int tp_size,
     const teacher::ForwardRequest& request) {
   absl::StatusOr<std::vector<teacher::SequenceCapture>> got = absl::UnknownError("not run");
-  absl::Status status = RunOnRankThreads(
-      tp_size, [&](int rank, c10::intrusive_ptr<CommGroup> group) -> absl::Status {
+  absl::Status status =
+      RunOnRankThreads(tp_size, [&](int rank, c10::intrusive_ptr<CommGroup> group) -> absl::Status {
         teacher::TargetRuntimeOptions mine = options;
         mine.tp_rank = rank;
         mine.tp_size = tp_size;

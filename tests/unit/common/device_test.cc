@@ -27,8 +27,7 @@ TEST(ParseDeviceTest, KnownDevicesAndWhyOthersAreRefused) {
   for (const char* bad : {"gpu0", "cuda:", "cuda:x", "cuda:-1", "CPU", ""}) {
     auto parsed = ParseDevice(bad, "training.device");
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(parsed.status().message().find("training.device: unknown device"),
-              std::string::npos)
+    EXPECT_NE(parsed.status().message().find("training.device: unknown device"), std::string::npos)
         << parsed.status();
   }
   auto cuda = ParseDevice("cuda:0", "--devices");

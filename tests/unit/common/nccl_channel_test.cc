@@ -74,8 +74,7 @@ int RunPeer(const std::string& mode) {
       FillPattern(i, 0, sizes[i], host.data());
       void* device_buffer = nullptr;
       if (cudaMalloc(&device_buffer, sizes[i]) != cudaSuccess ||
-          cudaMemcpy(device_buffer, host.data(), sizes[i], cudaMemcpyHostToDevice) !=
-              cudaSuccess) {
+          cudaMemcpy(device_buffer, host.data(), sizes[i], cudaMemcpyHostToDevice) != cudaSuccess) {
         return 14;
       }
       sent = (*channel)->SendDevice(device_buffer, sizes[i]);

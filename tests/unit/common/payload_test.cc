@@ -178,11 +178,11 @@ TEST(ContractTest, DeviceContractIsCheckedByTheDeviceChecksum) {
   std::mt19937_64 rng(5);
   const std::string ids = RandomBytes(rng, 4 * 5), hidden = RandomBytes(rng, 2 * 5 * 6);
   const std::string whole = ids + hidden;
-  auto host = MakeContract({{"input_ids", DType::kI32, {5}, ids},
-                            {"aux_hidden", DType::kBF16, {5, 6}, hidden}});
-  auto device = MakeDeviceContract({{"input_ids", DType::kI32, {5}},
-                                     {"aux_hidden", DType::kBF16, {5, 6}}},
-                                    DeviceChecksumOf(whole));
+  auto host = MakeContract(
+      {{"input_ids", DType::kI32, {5}, ids}, {"aux_hidden", DType::kBF16, {5, 6}, hidden}});
+  auto device =
+      MakeDeviceContract({{"input_ids", DType::kI32, {5}}, {"aux_hidden", DType::kBF16, {5, 6}}},
+                         DeviceChecksumOf(whole));
   ASSERT_TRUE(host.ok() && device.ok()) << host.status() << device.status();
   EXPECT_TRUE(device->has_device_checksum());
   EXPECT_EQ(device->crc32c(), 0u);

@@ -113,11 +113,11 @@ TEST(CpLayoutTest, RefusesBadArguments) {
 
 // Runs fn(rank, group) on `cp` rank threads (exceptions become failures).
 absl::Status RunRanks(int cp, const std::function<void(int, CommGroup&)>& fn) {
-  return specstream::testing::RunOnRankThreads(
-      cp, [&](int rank, c10::intrusive_ptr<CommGroup> group) {
-        fn(rank, *group);
-        return absl::OkStatus();
-      });
+  return specstream::testing::RunOnRankThreads(cp,
+                                               [&](int rank, c10::intrusive_ptr<CommGroup> group) {
+                                                 fn(rank, *group);
+                                                 return absl::OkStatus();
+                                               });
 }
 
 double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -420,8 +420,7 @@ TEST(UlyssesAllToAllTest, RoundTripAndGradientAreExact) {
   torch::manual_seed(11);
   const torch::Tensor full = torch::randn({1, 4, 6, 3});
   ASSERT_TRUE(
-      specstream::testing::RunOnRankThreads(u, [&](int rank,
-                                                   c10::intrusive_ptr<CommGroup> group) {
+      specstream::testing::RunOnRankThreads(u, [&](int rank, c10::intrusive_ptr<CommGroup> group) {
         torch::Tensor x = ShardSequence(full, 2, u, rank).requires_grad_(true);
         torch::Tensor heads = SequenceToHeads(x, *group);
         // Rank r holds heads [2r, 2r+2) over the whole sequence.

@@ -125,7 +125,8 @@ struct Refusal {
 
 TEST(JobConfigTest, TrainingDevicesAccepted) {
   for (const std::string device : {"auto", "cpu", "cuda", "cuda:0", "cuda:12"}) {
-    auto spec = ParseJobSpecYaml(Edit("dtype: bfloat16", "dtype: bfloat16\n  device: \"" + device + "\""));
+    auto spec =
+        ParseJobSpecYaml(Edit("dtype: bfloat16", "dtype: bfloat16\n  device: \"" + device + "\""));
     ASSERT_TRUE(spec.ok()) << device << ": " << spec.status();
     EXPECT_EQ(spec->training().device(), device);
   }
@@ -174,7 +175,8 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
       {"cp_mode: ring", "cp_mode: usp", "parallel.ulysses_degree"},
       {"cp_mode: ring", "cp_mode: ulysses\n  ulysses_degree: 1", "parallel.ulysses_degree"},
       {"cp_mode: ring", "cp_mode: ring\n  ulysses_degree: 2", "parallel.ulysses_degree"},
-      {"cp_mode: ring", "cp_mode: ring\n  rendezvous_timeout_s: -1", "parallel.rendezvous_timeout_s"},
+      {"cp_mode: ring", "cp_mode: ring\n  rendezvous_timeout_s: -1",
+       "parallel.rendezvous_timeout_s"},
       {"cp_mode: ring", "cp_mode: ring\n  rendezvous_timeout_s: 1e9",
        "parallel.rendezvous_timeout_s"},
       // Online data: teachers instead of a store.

@@ -45,8 +45,8 @@ TEST(RuntimeDeviceTest, DenseRuntimesOnMetaMakeNothingOnTheHost) {
       auto captures = (*runtime)->Forward(request);
       ASSERT_TRUE(captures.ok()) << captures.status();
       EXPECT_GT(audit.ops(), 100);
-      EXPECT_TRUE(audit.mixed().empty()) << audit.mixed().size() << " ops, first "
-                                         << audit.mixed()[0];
+      EXPECT_TRUE(audit.mixed().empty())
+          << audit.mixed().size() << " ops, first " << audit.mixed()[0];
       ASSERT_EQ(captures->size(), 2u);
       for (size_t s = 0; s < 2; ++s) {
         const SequenceCapture& c = (*captures)[s];
@@ -68,8 +68,7 @@ TEST(RuntimeDeviceTest, UnknownDeviceIsRefusedByName) {
   options.device = "tpu:0";
   auto runtime = CreateTargetRuntime("hf", options);
   ASSERT_FALSE(runtime.ok());
-  EXPECT_NE(runtime.status().message().find("device: unknown device \"tpu:0\""),
-            std::string::npos)
+  EXPECT_NE(runtime.status().message().find("device: unknown device \"tpu:0\""), std::string::npos)
       << runtime.status();
 }
 
