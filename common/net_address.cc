@@ -29,6 +29,17 @@ std::string LocalBootId() {
   return std::string(absl::StripAsciiWhitespace(id));
 }
 
+absl::Status CheckListenPorts(int port, int metrics_port) {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port ", port, " not in [0, 65535]"));
+  }
+  if (metrics_port < -1 || metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port ", metrics_port, " not in [-1, 65535]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_view field) {
   HostPort out;
   absl::string_view port_text;

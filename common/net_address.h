@@ -25,6 +25,11 @@ struct HostPort {
 // scheme; InvalidArgument naming `field` when the port is missing or bad.
 absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_view field);
 
+// A daemon's listening ports: InvalidArgument naming --port unless `port` is
+// in [0, 65535] (0: any free one) or --metrics-port unless `metrics_port` is
+// in [-1, 65535] (-1: off).
+absl::Status CheckListenPorts(int port, int metrics_port);
+
 // The local IP address the kernel's routing table picks to reach `remote` (a
 // name or an address literal): a UDP socket connected to it sends nothing,
 // and its local end is that address. This is the address a peer on

@@ -26,6 +26,7 @@
 #include "common/grpc_auth.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/net_address.h"
 #include "common/shutdown_signal.h"
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -63,13 +64,7 @@ absl::StatusOr<std::string> CheckConfig(const Flags& flags) {
   if (flags.lost_after_s * 1000 <= flags.heartbeat_ms) {
     return absl::InvalidArgumentError("--lost-after-s: must exceed the heartbeat interval");
   }
-  if (flags.port < 0 || flags.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--port ", flags.port, " not in [0, 65535]"));
-  }
-  if (flags.metrics_port < -1 || flags.metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port ", flags.metrics_port, " not in [-1, 65535]"));
-  }
+  RETURN_IF_ERROR(CheckListenPorts(flags.port, flags.metrics_port));
   if (flags.db.empty()) return absl::InvalidArgumentError("--db: must not be empty");
   if (flags.tls.cert.empty() != flags.tls.key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");

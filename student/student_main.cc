@@ -200,13 +200,7 @@ struct ServeFlags {
 absl::StatusOr<std::string> CheckServeConfig(const ServeFlags& flags) {
   const services::StudentDaemonOptions& d = flags.daemon;
   RETURN_IF_ERROR(SplitHostPort(d.coordinator, "--coordinator").status());
-  if (d.port < 0 || d.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--port ", d.port, " not in [0, 65535]"));
-  }
-  if (d.metrics_port < -1 || d.metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port ", d.metrics_port, " not in [-1, 65535]"));
-  }
+  RETURN_IF_ERROR(CheckListenPorts(d.port, d.metrics_port));
   if (d.workdir.empty()) return absl::InvalidArgumentError("--workdir: must not be empty");
   if (d.stop_grace_seconds < 0) {
     return absl::InvalidArgumentError("--stop-grace: must be >= 0 seconds");

@@ -253,13 +253,7 @@ absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const Se
   if (serve.shutdown_timeout_s < 0) {
     return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
   }
-  if (serve.port < 0 || serve.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--port ", serve.port, " not in [0, 65535]"));
-  }
-  if (serve.metrics_port < -1 || serve.metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port ", serve.metrics_port, " not in [-1, 65535]"));
-  }
+  RETURN_IF_ERROR(CheckListenPorts(serve.port, serve.metrics_port));
   if (serve.host.empty()) return absl::InvalidArgumentError("--host: empty");
   if (serve.batch_tokens < 1) return absl::InvalidArgumentError("--batch-tokens must be >= 1");
   if (serve.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
