@@ -8,23 +8,12 @@
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "student/context_parallel.h"
+#include "student/eagle3_alignment.h"
 #include "student/soft_cross_entropy.h"
 #include "student/ttt_attention.h"
 
 namespace specstream::student {
 namespace {
-
-// Rows [s, s + rows) of x along dim 1 (out[:, i] = x[:, i + s]), zero where
-// i + s is past x's rows.
-torch::Tensor Ahead(const torch::Tensor& x, int64_t s, int64_t rows) {
-  const int64_t available = std::clamp<int64_t>(x.size(1) - s, 0, rows);
-  if (available == rows) return s == 0 && x.size(1) == rows ? x : x.narrow(1, s, rows);
-  std::vector<int64_t> pad_shape(x.sizes().begin(), x.sizes().end());
-  pad_shape[1] = rows - available;
-  torch::Tensor zeros = torch::zeros(pad_shape, x.options());
-  if (available == 0) return zeros;
-  return torch::cat({x.narrow(1, s, available), zeros}, 1);
-}
 
 constexpr double kInitStd = 0.02;
 
@@ -149,20 +138,14 @@ torch::Tensor Eagle3Draft::InDraftVocab(const DraftBatch& batch) const {
 
 torch::Tensor Eagle3Draft::ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab,
                                      int k) const {
-  const int64_t t = batch.aux_hidden.size(1);
-  torch::Tensor positions =
-      torch::arange(batch.offset, batch.offset + t, batch.lengths.options()).unsqueeze(0);
-  torch::Tensor in_range = (positions + k + 1) < batch.lengths.unsqueeze(1);
-  torch::Tensor mask = Ahead(batch.loss_mask.to(torch::kBool), k, t);
-  return in_range & mask & Ahead(in_vocab, k + 1, t);
+  return Eagle3ValidMask(batch.lengths, batch.offset, batch.loss_mask, in_vocab, k,
+                         batch.aux_hidden.size(1));
 }
 
 torch::Tensor Eagle3Draft::CountValid(const DraftBatch& batch, int ttt_steps) const {
   torch::NoGradGuard no_grad;
-  torch::Tensor in_vocab = InDraftVocab(batch);
-  std::vector<torch::Tensor> counts;
-  for (int k = 0; k < ttt_steps; ++k) counts.push_back(ValidMask(batch, in_vocab, k).sum());
-  return torch::stack(counts);
+  return Eagle3ValidCounts(batch.lengths, batch.offset, batch.loss_mask, InDraftVocab(batch),
+                           ttt_steps, batch.aux_hidden.size(1));
 }
 
 absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt_steps,
