@@ -3,6 +3,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "common/exit_code.h"
 #include "common/logging.h"
 #include "services/data_commands.h"
 #include "services/job_commands.h"
@@ -12,14 +13,7 @@ namespace {
 int Finish(const absl::Status& status) {
   if (status.ok()) return 0;
   std::cerr << "specstream: " << status.message() << "\n";
-  return specstream::services::ExitCodeFor(status);
-}
-
-// The job commands' exit codes also cover credentials and taken ids.
-int FinishJob(const absl::Status& status) {
-  if (status.ok()) return 0;
-  std::cerr << "specstream: " << status.message() << "\n";
-  return specstream::services::JobExitCode(status);
+  return specstream::ExitCodeFor(status);
 }
 
 // The connection and output options every job command takes.
@@ -157,12 +151,12 @@ int main(int argc, char** argv) {
   if (*render_cmd) return Finish(specstream::services::RunRender(render, std::cout));
   if (*vocab_cmd) return Finish(specstream::services::RunVocabMap(vocab).status());
   namespace svc = specstream::services;
-  if (*submit_cmd) return FinishJob(svc::RunSubmit(remote, submit, std::cout, std::cerr));
-  if (*status_cmd) return FinishJob(svc::RunStatus(remote, job_id, std::cout));
-  if (*list_cmd) return FinishJob(svc::RunList(remote, list_limit, std::cout));
-  if (*logs_cmd) return FinishJob(svc::RunLogs(remote, job_id, logs_follow, std::cout, std::cerr));
-  if (*stop_cmd) return FinishJob(svc::RunStop(remote, job_id, stop_reason, std::cout));
-  if (*wait_cmd) return FinishJob(svc::RunWait(remote, job_id, std::cout, std::cerr));
-  if (*validate_cmd) return FinishJob(svc::RunValidate(validate_path, validate_output, std::cout));
+  if (*submit_cmd) return Finish(svc::RunSubmit(remote, submit, std::cout, std::cerr));
+  if (*status_cmd) return Finish(svc::RunStatus(remote, job_id, std::cout));
+  if (*list_cmd) return Finish(svc::RunList(remote, list_limit, std::cout));
+  if (*logs_cmd) return Finish(svc::RunLogs(remote, job_id, logs_follow, std::cout, std::cerr));
+  if (*stop_cmd) return Finish(svc::RunStop(remote, job_id, stop_reason, std::cout));
+  if (*wait_cmd) return Finish(svc::RunWait(remote, job_id, std::cout, std::cerr));
+  if (*validate_cmd) return Finish(svc::RunValidate(validate_path, validate_output, std::cout));
   return 2;
 }

@@ -22,6 +22,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/exit_code.h"
 #include "common/file.h"
 #include "common/grpc_auth.h"
 #include "common/logging.h"
@@ -204,12 +205,5 @@ int main(int argc, char** argv) {
   absl::Status status = Run(flags);
   if (status.ok()) return 0;
   std::cerr << "specstream-coordinator: " << status.message() << "\n";
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-      return 2;
-    case absl::StatusCode::kUnavailable:
-      return 3;
-    default:
-      return 1;
-  }
+  return specstream::ExitCodeFor(status);
 }

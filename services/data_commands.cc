@@ -159,23 +159,4 @@ absl::StatusOr<VocabMapSummary> RunVocabMap(const VocabMapOptions& options) {
   return summary;
 }
 
-int ExitCodeFor(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kOk:
-      return 0;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-      return 2;
-    case absl::StatusCode::kUnavailable:
-      return 3;
-    case absl::StatusCode::kNotFound:
-      return 4;
-    case absl::StatusCode::kDeadlineExceeded:
-      return 124;
-    default:
-      return 1;
-  }
-}
-
 }  // namespace specstream::services

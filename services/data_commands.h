@@ -51,10 +51,6 @@ struct VocabMapSummary {
 };
 absl::StatusOr<VocabMapSummary> RunVocabMap(const VocabMapOptions& options);
 
-// The CLI's exit code for a failed status: 2 bad input or usage, 3
-// unavailable, 4 not found, 124 deadline, 1 anything else.
-int ExitCodeFor(const absl::Status& status);
-
 }  // namespace specstream::services
 
 #endif  // SPECSTREAM_SERVICES_DATA_COMMANDS_H_

@@ -620,18 +620,6 @@ absl::Status RunValidate(const std::string& spec_path, const std::string& output
   return absl::OkStatus();
 }
 
-int JobExitCode(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
-      return 3;
-    case absl::StatusCode::kAlreadyExists:
-      return 2;
-    default:
-      return ExitCodeFor(status);
-  }
-}
-
 absl::Status RunSubmit(const RemoteOptions& remote, const SubmitOptions& options, std::ostream& out,
                        std::ostream& err) {
   absl::StatusOr<std::string> spec = ReadFileToString(options.spec_path);

@@ -7,8 +7,8 @@
 // Data (job ids, tables, JSON, log lines) goes to `out`; progress, state
 // changes and reconnect notices go to `err`.
 //
-// Each Run* returns OK or a status whose code JobExitCode() maps to the CLI's
-// exit-code contract:
+// Each Run* returns OK or a status whose code ExitCodeFor()
+// (common/exit_code.h) maps to the CLI's exit-code contract:
 //   0   success (for the waiting commands: the job SUCCEEDED)
 //   1   the job FAILED or was STOPPED (waiting commands; kAborted)
 //   2   usage: bad flags, a missing file, a spec the coordinator refused
@@ -79,10 +79,6 @@ absl::Status RunWait(const RemoteOptions& remote, const std::string& id, std::os
 // spec with its defaults filled. InvalidArgument naming the field otherwise.
 absl::Status RunValidate(const std::string& spec_path, const std::string& output,
                          std::ostream& out);
-
-// The exit code for a job command's status: ExitCodeFor's mapping, plus
-// UNAUTHENTICATED/PERMISSION_DENIED -> 3 and ALREADY_EXISTS (a taken --id) -> 2.
-int JobExitCode(const absl::Status& status);
 
 // Formatting helpers, exposed for tests.
 // "5s", "3m", "2h", "4d" for an age in milliseconds.

@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/exit_code.h"
 #include "common/grpc_auth.h"
 #include "common/logging.h"
 #include "common/net_address.h"
@@ -43,19 +44,8 @@ using namespace specstream;           // NOLINT(build/namespaces): a main file
 using namespace specstream::student;  // NOLINT(build/namespaces)
 
 int ExitCode(const absl::Status& status) {
-  if (status.ok()) return 0;
-  std::cerr << "specstream-student: " << status.message() << "\n";
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-      return 2;
-    case absl::StatusCode::kUnavailable:
-      return 3;
-    case absl::StatusCode::kNotFound:
-      return 4;
-    default:
-      return 1;
-  }
+  if (!status.ok()) std::cerr << "specstream-student: " << status.message() << "\n";
+  return ExitCodeFor(status);
 }
 
 int EnvInt(const char* name, int fallback) {

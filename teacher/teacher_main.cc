@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
+#include "common/exit_code.h"
 #include "common/file.h"
 #include "common/grpc_auth.h"
 #include "common/logging.h"
@@ -48,17 +49,8 @@ using namespace specstream;           // NOLINT(build/namespaces): a main file
 using namespace specstream::teacher;  // NOLINT(build/namespaces)
 
 int ExitCode(const absl::Status& status) {
-  if (status.ok()) return 0;
-  std::cerr << "specstream-teacher: " << status.message() << "\n";
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-      return 2;
-    case absl::StatusCode::kNotFound:
-      return 4;
-    default:
-      return 1;
-  }
+  if (!status.ok()) std::cerr << "specstream-teacher: " << status.message() << "\n";
+  return ExitCodeFor(status);
 }
 
 absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const std::string& text) {

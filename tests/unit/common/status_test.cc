@@ -1,5 +1,8 @@
 #include "common/status.h"
 
+#include <utility>
+
+#include "common/exit_code.h"
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
 
@@ -47,6 +50,34 @@ TEST(GrpcStatusTest, EveryCodeRoundTrips) {
   EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("down")).error_code(),
             grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("down")).error_message(), "down");
+}
+
+// The exit-code contract every binary shares (README, docs/operations.md).
+TEST(ExitCodeForTest, EveryStatusCodeHasTheDocumentedExitCode) {
+  using C = absl::StatusCode;
+  const std::pair<C, int> expected[] = {
+      {C::kOk, 0},
+      {C::kCancelled, 1},
+      {C::kUnknown, 1},
+      {C::kInvalidArgument, 2},
+      {C::kDeadlineExceeded, 124},
+      {C::kNotFound, 4},
+      {C::kAlreadyExists, 2},
+      {C::kPermissionDenied, 3},
+      {C::kResourceExhausted, 1},
+      {C::kFailedPrecondition, 2},
+      {C::kAborted, 1},
+      {C::kOutOfRange, 2},
+      {C::kUnimplemented, 1},
+      {C::kInternal, 1},
+      {C::kUnavailable, 3},
+      {C::kDataLoss, 1},
+      {C::kUnauthenticated, 3},
+  };
+  for (const auto& [code, exit_code] : expected) {
+    EXPECT_EQ(ExitCodeFor(absl::Status(code, code == C::kOk ? "" : "x")), exit_code)
+        << absl::StatusCodeToString(code);
+  }
 }
 
 }  // namespace
