@@ -232,6 +232,23 @@ function checkObject(where, object) {
 // ($(VAR) from the container's env: ConfigMap entries, literal values, and
 // stand-ins for the downward API), through the binary's --check-config: the
 // values parse and validate, not only the flag names.
+// exe + argv -> null (accepted) or the binary's stderr: the same args recur
+// in every overlay and every self-test mutation.
+const checkConfigCache = new Map();
+function checkConfigRefusal(exe, argv) {
+  const cacheKey = JSON.stringify([exe, ...argv]);
+  if (!checkConfigCache.has(cacheKey)) {
+    let refusal = null;
+    try {
+      execFileSync(exe, [...argv, "--check-config"], { stdio: ["ignore", "pipe", "pipe"] });
+    } catch (error) {
+      refusal = `${error.stderr ?? ""}`.trim();
+    }
+    checkConfigCache.set(cacheKey, refusal);
+  }
+  return checkConfigCache.get(cacheKey);
+}
+
 const DAEMONS = { "specstream-coordinator": null, "specstream-teacher": "serve",
                   "specstream-student": "serve" };
 function checkConfigValues(where, objects) {
@@ -269,11 +286,10 @@ function checkConfigValues(where, objects) {
       );
       const exe = path.join(binDir, BINARIES[binary]);
       if (!fs.existsSync(exe)) continue;  // checkArgs reports it
-      try {
-        execFileSync(exe, [...expanded, "--check-config"], { stdio: ["ignore", "pipe", "pipe"] });
-      } catch (error) {
+      const refusal = checkConfigRefusal(exe, expanded);
+      if (refusal !== null) {
         fail(`${where} ${object.kind}/${object.metadata.name} container ${container.name}`,
-             `${binary} --check-config refuses its values: ${`${error.stderr ?? ""}`.trim()}`);
+             `${binary} --check-config refuses its values: ${refusal}`);
       }
     }
   }
