@@ -48,10 +48,7 @@ namespace {
 using namespace specstream;           // NOLINT(build/namespaces): a main file
 using namespace specstream::teacher;  // NOLINT(build/namespaces)
 
-int ExitCode(const absl::Status& status) {
-  if (!status.ok()) std::cerr << "specstream-teacher: " << status.message() << "\n";
-  return ExitCodeFor(status);
-}
+int ExitCode(const absl::Status& status) { return ReportExit("specstream-teacher", status); }
 
 absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const std::string& text) {
   std::vector<int> out;
@@ -199,12 +196,23 @@ void ExportTeacherMetrics(const TeacherService::Stats& stats, TeacherService::St
   last = stats;
 }
 
+// --nccl-device's own syntax: the device index, or -1 for "auto" and
+// "none" (NcclDeviceFlag resolves "auto" on this machine).
+absl::StatusOr<int> ParseNcclDeviceIndex(const std::string& value) {
+  if (value == "auto" || value == "none") return -1;
+  int device = -1;
+  if (!absl::SimpleAtoi(value, &device) || device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nccl-device: \"", value, "\" is not auto, none or a device index"));
+  }
+  return device;
+}
+
 // --nccl-device: "auto" (in a build with NCCL: the leader's GPU when the
 // target runs on CUDA devices, so payloads leave from where they are
 // computed; else device 0 when one is visible; otherwise NCCL is not
 // offered), "none", or a device index. `devices` is --devices.
 absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& devices) {
-  if (value == "none") return -1;
   if (value == "auto") {
 #if SPECSTREAM_WITH_NCCL
     const std::string leader = devices.substr(0, devices.find(','));
@@ -217,12 +225,7 @@ absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& 
     return -1;
 #endif
   }
-  int device = -1;
-  if (!absl::SimpleAtoi(value, &device) || device < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--nccl-device: \"", value, "\" is not auto, none or a device index"));
-  }
-  return device;  // TeacherService::Create checks that it exists
+  return ParseNcclDeviceIndex(value);  // TeacherService::Create checks that it exists
 }
 
 // Everything serve's flags say that can be checked before the model loads
@@ -234,13 +237,7 @@ absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& 
 absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const ServeFlags& serve) {
   ASSIGN_OR_RETURN(const RuntimeSpec spec, flags.Spec(/*check_machine=*/false));
   RETURN_IF_ERROR(ParseHiddenDType("--payload-dtype", serve.payload_dtype).status());
-  if (serve.nccl_device != "auto" && serve.nccl_device != "none") {
-    int index = -1;
-    if (!absl::SimpleAtoi(serve.nccl_device, &index) || index < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--nccl-device: \"", serve.nccl_device,
-                                                     "\" is not auto, none or a device index"));
-    }
-  }
+  RETURN_IF_ERROR(ParseNcclDeviceIndex(serve.nccl_device).status());
   if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
   if (serve.shutdown_timeout_s < 0) {
     return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
