@@ -1,5 +1,7 @@
 #include "common/exit_code.h"
 
+#include <iostream>
+
 namespace specstream {
 
 int ExitCodeFor(const absl::Status& status) {
@@ -22,6 +24,11 @@ int ExitCodeFor(const absl::Status& status) {
     default:
       return 1;
   }
+}
+
+int ReportExit(absl::string_view program, const absl::Status& status) {
+  if (!status.ok()) std::cerr << program << ": " << status.message() << "\n";
+  return ExitCodeFor(status);
 }
 
 }  // namespace specstream

@@ -13,10 +13,15 @@
 #define SPECSTREAM_COMMON_EXIT_CODE_H_
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace specstream {
 
 int ExitCodeFor(const absl::Status& status);
+
+// How a binary ends on `status`: unless OK, "<program>: <message>" on
+// stderr; returns ExitCodeFor(status).
+int ReportExit(absl::string_view program, const absl::Status& status);
 
 }  // namespace specstream
 

@@ -10,11 +10,7 @@
 
 namespace {
 
-int Finish(const absl::Status& status) {
-  if (status.ok()) return 0;
-  std::cerr << "specstream: " << status.message() << "\n";
-  return specstream::ExitCodeFor(status);
-}
+int Finish(const absl::Status& status) { return specstream::ReportExit("specstream", status); }
 
 // The connection and output options every job command takes.
 void AddRemoteOptions(CLI::App* command, specstream::services::RemoteOptions& remote,

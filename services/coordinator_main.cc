@@ -195,15 +195,9 @@ int main(int argc, char** argv) {
   }
   if (check_config) {
     absl::StatusOr<std::string> summary = CheckConfig(flags);
-    if (summary.ok()) {
-      std::cout << "specstream-coordinator: configuration OK: " << *summary << "\n";
-      return 0;
-    }
-    std::cerr << "specstream-coordinator: " << summary.status().message() << "\n";
-    return 2;
+    if (!summary.ok()) return specstream::ReportExit("specstream-coordinator", summary.status());
+    std::cout << "specstream-coordinator: configuration OK: " << *summary << "\n";
+    return 0;
   }
-  absl::Status status = Run(flags);
-  if (status.ok()) return 0;
-  std::cerr << "specstream-coordinator: " << status.message() << "\n";
-  return specstream::ExitCodeFor(status);
+  return specstream::ReportExit("specstream-coordinator", Run(flags));
 }

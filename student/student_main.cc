@@ -43,10 +43,7 @@ namespace {
 using namespace specstream;           // NOLINT(build/namespaces): a main file
 using namespace specstream::student;  // NOLINT(build/namespaces)
 
-int ExitCode(const absl::Status& status) {
-  if (!status.ok()) std::cerr << "specstream-student: " << status.message() << "\n";
-  return ExitCodeFor(status);
-}
+int ExitCode(const absl::Status& status) { return ReportExit("specstream-student", status); }
 
 int EnvInt(const char* name, int fallback) {
   const char* value = std::getenv(name);

@@ -80,5 +80,14 @@ TEST(ExitCodeForTest, EveryStatusCodeHasTheDocumentedExitCode) {
   }
 }
 
+TEST(ExitCodeForTest, ReportExitNamesTheProgramAndTheReason) {
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(ReportExit("specstream-x", absl::OkStatus()), 0);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(ReportExit("specstream-x", absl::NotFoundError("job j-1: unknown")), 4);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "specstream-x: job j-1: unknown\n");
+}
+
 }  // namespace
 }  // namespace specstream
