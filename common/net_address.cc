@@ -16,19 +16,6 @@
 
 namespace specstream {
 
-std::string LocalHostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
-}
-
-std::string LocalBootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return std::string(absl::StripAsciiWhitespace(id));
-}
-
 absl::Status CheckListenPorts(int port, int metrics_port) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port ", port, " not in [0, 65535]"));

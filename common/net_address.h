@@ -10,12 +10,6 @@
 
 namespace specstream {
 
-// This machine's identity for same-host checks (two processes can share a
-// shared-memory ring only when both agree): the hostname and the kernel's
-// boot id (/proc/sys/kernel/random/boot_id). Empty when unavailable.
-std::string LocalHostname();
-std::string LocalBootId();
-
 struct HostPort {
   std::string host;  // without IPv6 brackets
   int port = 0;

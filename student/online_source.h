@@ -31,7 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/payload_channel.h"
+#include "common/transport/payload_channel.h"
 #include "student/data_source.h"
 
 namespace specstream::student {

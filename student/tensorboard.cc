@@ -7,24 +7,19 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/coding.h"
+#include "common/crc32c.h"
 
 namespace specstream::student {
 namespace {
 
 // Protobuf wire format: just the pieces an Event needs.
-void PutVarint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
 void PutTag(std::string& out, int field, int wire_type) {
-  PutVarint(out, (static_cast<uint64_t>(field) << 3) | wire_type);
+  PutVarint64(out, (static_cast<uint64_t>(field) << 3) | wire_type);
 }
 void PutBytes(std::string& out, int field, absl::string_view bytes) {
   PutTag(out, field, 2);
-  PutVarint(out, bytes.size());
+  PutVarint64(out, bytes.size());
   out.append(bytes.data(), bytes.size());
 }
 void PutDouble(std::string& out, int field, double v) {
@@ -45,21 +40,6 @@ double WallTime() {
 }
 
 }  // namespace
-
-uint32_t Crc32c(absl::string_view data) {
-  static const auto* table = [] {
-    auto* t = new uint32_t[256];
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  uint32_t crc = 0xFFFFFFFFu;
-  for (unsigned char byte : data) crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFu;
-}
 
 uint32_t MaskCrc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 
@@ -114,7 +94,7 @@ absl::Status TensorBoardWriter::WriteScalars(
   std::string event;
   PutDouble(event, 1, WallTime());  // Event.wall_time
   PutTag(event, 2, 0);              // Event.step
-  PutVarint(event, static_cast<uint64_t>(step));
+  PutVarint64(event, static_cast<uint64_t>(step));
   PutBytes(event, 5, summary);  // Event.summary
   return WriteRecord(event);
 }

@@ -38,8 +38,7 @@ class TensorBoardWriter final {
   std::FILE* file_;
 };
 
-// CRC-32C (Castagnoli) and TFRecord's masking of it.
-uint32_t Crc32c(absl::string_view data);
+// TFRecord's masking of a CRC-32C (common/crc32c.h).
 uint32_t MaskCrc(uint32_t crc);
 
 }  // namespace specstream::student

@@ -27,8 +27,8 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
-#include "common/payload_channel.h"
 #include "common/torch/compat.h"
+#include "common/transport/payload_channel.h"
 #include "specstream/v1/job.pb.h"
 #include "student/context_parallel.h"
 #include "student/data_source.h"

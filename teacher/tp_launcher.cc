@@ -1,7 +1,6 @@
 #include "teacher/tp_launcher.h"
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,15 +17,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/hf_config.h"
+#include "common/host.h"
 #include "common/logging.h"
-#include "common/net_address.h"
 #include "common/status.h"
+#include "common/subprocess.h"
 #include "common/torch/tensor_util.h"
 #include "teacher/hf_runtime.h"
 #include "teacher/model_weights.h"
 #include "teacher/sglang_runtime.h"
-
-extern char** environ;
 
 namespace specstream::teacher {
 namespace {
@@ -37,21 +35,16 @@ std::string ReadyKey(int rank) { return absl::StrCat("ready/", rank); }
 std::string FailedKey(int rank) { return absl::StrCat("failed/", rank); }
 
 // Starts `args` with this process's environment plus `extra` ("NAME=value").
-absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& args,
-                            const std::vector<std::string>& extra) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-  for (const std::string& e : extra) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  pid_t pid = 0;
-  int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
-  if (err != 0) {
-    return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", std::strerror(err)));
-  }
-  return pid;
+// A worker never outlives its leader's launching thread (SIGTERM).
+absl::StatusOr<pid_t> SpawnWorker(const std::vector<std::string>& args,
+                                  const std::vector<std::string>& extra) {
+  SubprocessOptions options;
+  options.argv = args;
+  options.env = extra;
+  options.parent_death_signal = SIGTERM;
+  absl::StatusOr<SpawnedProcess> child = Spawn(options);
+  if (!child.ok()) return Annotate(child.status(), "TP worker");
+  return child->pid;
 }
 
 // Waits until every worker has reported ready; a failure report or a worker
@@ -213,7 +206,7 @@ absl::StatusOr<std::unique_ptr<LaunchedRuntime>> LaunchRuntime(const RuntimeSpec
     if (const std::string id = SharedGpuHostId(spec.devices, rank); !id.empty()) {
       env.push_back("NCCL_HOSTID=" + id);
     }
-    ASSIGN_OR_RETURN(pid_t pid, Spawn(args, env));
+    ASSIGN_OR_RETURN(pid_t pid, SpawnWorker(args, env));
     launched->workers_.push_back(pid);
   }
   SS_LOG_INFO("tp: started {} worker process(es), rendezvous on 127.0.0.1:{}", world - 1, port);

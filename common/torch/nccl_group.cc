@@ -7,8 +7,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/host.h"
 #include "common/logging.h"
-#include "common/net_address.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"

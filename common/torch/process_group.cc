@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/host.h"
 #include "common/net_address.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"

@@ -27,10 +27,10 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/nu
 cmake --build "$BUILD" --target specstream specstream-teacher specstream-student \
   specstream-coordinator
 bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
-CLI="$BUILD/services/specstream"
-COORDINATOR="$BUILD/services/specstream-coordinator"
-TEACHER="$BUILD/teacher/specstream-teacher"
-STUDENT="$BUILD/student/specstream-student"
+CLI="$BUILD/bin/specstream"
+COORDINATOR="$BUILD/bin/specstream-coordinator"
+TEACHER="$BUILD/bin/specstream-teacher"
+STUDENT="$BUILD/bin/specstream-student"
 TOKENIZER="$BUILD/fixtures/tokenizers/qwen3"
 
 rm -rf "$WORK"

@@ -1,4 +1,4 @@
-// NCCL payload transport throughput (common/nccl_channel.h): a teacher
+// NCCL payload transport throughput (common/transport/nccl_channel.h): a teacher
 // process sends payloads of 4096 tokens x 32 KiB (128 MiB, the sample
 // size) to this process over a two-rank communicator; reported against
 // memcpy of the same size measured in the same run. Needs a CUDA device; says
@@ -28,8 +28,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/nccl_channel.h"
-#include "common/nccl_util.h"
+#include "common/transport/nccl_channel.h"
+#include "common/transport/nccl_util.h"
 #include "cuda_runtime_api.h"
 #include "tests/testing/nccl_peer.h"
 

@@ -27,11 +27,11 @@
 #include "common/offline_store.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "services/teacher/teacher_service.h"
 #include "student/trainer.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
 #include "teacher/init_random.h"
-#include "teacher/teacher_service.h"
 #include "tests/bench/bench_util.h"
 
 namespace {

@@ -19,17 +19,17 @@
 #include "common/offline_store.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/teacher/teacher_service.h"
 #include "student/online_source.h"
 #include "student/trainer.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
-#include "teacher/teacher_service.h"
 #include "tests/testing/loopback_channel.h"
 #include "tests/testing/rank_threads.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
 #if SPECSTREAM_WITH_NCCL
-#include "common/nccl_util.h"
+#include "common/transport/nccl_util.h"
 #include "tests/testing/nccl_peer.h"
 #endif
 

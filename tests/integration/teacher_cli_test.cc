@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/offline_store.h"
-#include "common/payload.h"
+#include "common/transport/contract.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "specstream/v1/teacher.grpc.pb.h"

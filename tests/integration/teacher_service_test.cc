@@ -3,7 +3,7 @@
 // (the synchronous generated stub; shm chunks read from a ring the student
 // creates). Payloads are compared byte for byte with what `dump` stores for
 // the same samples.
-#include "teacher/teacher_service.h"
+#include "services/teacher/teacher_service.h"
 
 #include <unistd.h>
 
@@ -17,9 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/grpc/byte_buffer.h"
 #include "common/offline_store.h"
-#include "common/payload.h"
-#include "common/shm_ring.h"
+#include "common/transport/contract.h"
+#include "common/transport/shm_ring.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "teacher/dump.h"
@@ -28,7 +29,7 @@
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
 #if SPECSTREAM_WITH_NCCL
-#include "common/nccl_util.h"
+#include "common/transport/nccl_util.h"
 #endif
 
 namespace specstream::teacher {

@@ -50,10 +50,10 @@ const args = process.argv.slice(2);
 const binDirIndex = args.indexOf("--bin-dir");
 const binDir = binDirIndex >= 0 ? args[binDirIndex + 1] : path.join(ROOT, "build");
 const BINARIES = {
-  "specstream-coordinator": "services/specstream-coordinator",
-  "specstream-teacher": "teacher/specstream-teacher",
-  "specstream-student": "student/specstream-student",
-  specstream: "services/specstream",
+  "specstream-coordinator": "bin/specstream-coordinator",
+  "specstream-teacher": "bin/specstream-teacher",
+  "specstream-student": "bin/specstream-student",
+  specstream: "bin/specstream",
 };
 
 const problems = [];

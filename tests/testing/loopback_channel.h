@@ -1,4 +1,4 @@
-// An in-process PayloadChannel (common/payload_channel.h) for tests: the
+// An in-process PayloadChannel (common/transport/payload_channel.h) for tests: the
 // teacher and the student of a TRANSPORT_NCCL stream, both in the test
 // process, exchange payloads through a shared queue of pieces instead of
 // NCCL, so the stream protocol (join before Opened, headers on the stream,
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "common/payload_channel.h"
+#include "common/transport/payload_channel.h"
 
 namespace specstream::testing {
 

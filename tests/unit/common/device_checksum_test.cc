@@ -1,11 +1,10 @@
 #include "common/torch/device_checksum.h"
 
-#include "common/payload.h"
-
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "common/transport/contract.h"
 #include "gtest/gtest.h"
 
 namespace specstream {

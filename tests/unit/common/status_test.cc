@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "common/exit_code.h"
-#include "common/grpc_status.h"
+#include "common/grpc/status.h"
 #include "gtest/gtest.h"
 
 namespace specstream {

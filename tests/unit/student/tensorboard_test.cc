@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/crc32c.h"
 #include "gtest/gtest.h"
 #include "tests/testing/testing.h"
 

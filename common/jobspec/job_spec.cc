@@ -1,0 +1,424 @@
+#include "common/jobspec/job_spec.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/file.h"
+#include "common/status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "yaml-cpp/yaml.h"
+
+namespace specstream::jobspec {
+
+bool IsTrainingDevice(absl::string_view device) {
+  if (device == "auto" || device == "cpu" || device == "cuda") return true;
+  return absl::StartsWith(device, "cuda:") && device.size() > 5 &&
+         device.find_first_not_of("0123456789", 5) == absl::string_view::npos;
+}
+
+namespace {
+
+using ::specstream::v1::JobSpec;
+
+absl::Status FieldError(absl::string_view field, absl::string_view reason) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", reason));
+}
+
+std::string MarkText(const YAML::Mark& mark) {
+  // yaml-cpp's marks are 0-based; editors count from 1.
+  return absl::StrFormat("line %d, column %d", mark.line + 1, mark.column + 1);
+}
+
+// A plain scalar that reads as a decimal number: sign, digits, at most one
+// '.', an optional exponent. Keeps "inf", "nan", "0x10" and "1_000" strings
+// (strtod would take the first three).
+bool LooksNumeric(absl::string_view s) {
+  size_t i = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  bool digits = false;
+  bool dot = false;
+  for (; i < s.size(); ++i) {
+    char c = s[i];
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      digits = true;
+    } else if (c == '.' && !dot) {
+      dot = true;
+    } else {
+      break;
+    }
+  }
+  if (!digits) return false;
+  if (i == s.size()) return true;
+  if (s[i] != 'e' && s[i] != 'E') return false;
+  ++i;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  bool exp_digits = false;
+  for (; i < s.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+    exp_digits = true;
+  }
+  return exp_digits;
+}
+
+nlohmann::json ScalarToJson(const YAML::Node& node) {
+  const std::string& text = node.Scalar();
+  // "!" is yaml-cpp's tag for quoted scalars; an explicit !!str also means a
+  // string. Only plain ("?") scalars are typed.
+  if (node.Tag() != "?") return text;
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  int64_t i = 0;
+  if (absl::SimpleAtoi(s, &i) && LooksNumeric(s)) return i;
+  uint64_t u = 0;
+  if (absl::SimpleAtoi(s, &u) && LooksNumeric(s)) return u;
+  double d = 0;
+  if (LooksNumeric(s) && absl::SimpleAtod(s, &d) && std::isfinite(d)) return d;
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  return text;
+}
+
+absl::StatusOr<nlohmann::json> NodeToJson(const YAML::Node& node, const std::string& path) {
+  switch (node.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null:
+      return nlohmann::json(nullptr);
+    case YAML::NodeType::Scalar:
+      return ScalarToJson(node);
+    case YAML::NodeType::Sequence: {
+      nlohmann::json array = nlohmann::json::array();
+      size_t index = 0;
+      for (const YAML::Node& item : node) {
+        ASSIGN_OR_RETURN(nlohmann::json value,
+                         NodeToJson(item, absl::StrCat(path, "[", index++, "]")));
+        array.push_back(std::move(value));
+      }
+      return array;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json object = nlohmann::json::object();
+      for (const auto& entry : node) {
+        const YAML::Node& key = entry.first;
+        if (!key.IsScalar()) {
+          return absl::InvalidArgumentError(absl::StrCat("job spec YAML: ", MarkText(key.Mark()),
+                                                         ": keys must be plain strings"));
+        }
+        std::string name = key.Scalar();
+        std::string child = path.empty() ? name : absl::StrCat(path, ".", name);
+        if (object.contains(name)) {
+          return absl::InvalidArgumentError(absl::StrCat("job spec YAML: ", MarkText(key.Mark()),
+                                                         ": duplicate key \"", child, "\""));
+        }
+        ASSIGN_OR_RETURN(object[name], NodeToJson(entry.second, child));
+      }
+      return object;
+    }
+  }
+  return nlohmann::json(nullptr);
+}
+
+absl::Status RequirePositive(int64_t value, absl::string_view field) {
+  if (value <= 0) return FieldError(field, absl::StrCat("must be > 0, got ", value));
+  return absl::OkStatus();
+}
+
+absl::Status RequireNonNegative(int64_t value, absl::string_view field) {
+  if (value < 0) return FieldError(field, absl::StrCat("must be >= 0, got ", value));
+  return absl::OkStatus();
+}
+
+absl::Status RequireNonNegative(double value, absl::string_view field) {
+  if (!(value >= 0)) return FieldError(field, absl::StrCat("must be >= 0, got ", value));
+  return absl::OkStatus();
+}
+
+// Exactly one of two alternatives is set. "Neither" names the first field,
+// "both" the second (the one to drop, usually).
+absl::Status ExactlyOneSet(bool a, absl::string_view a_name, bool b, absl::string_view b_name) {
+  if (!a && !b) return FieldError(a_name, absl::StrCat("required (or set ", b_name, " instead)"));
+  if (a && b) return FieldError(b_name, absl::StrCat("set together with ", a_name, "; set one"));
+  return absl::OkStatus();
+}
+
+// Exactly one of two "0 means unset" counts is set (> 0); neither may be
+// negative.
+absl::Status ExactlyOne(int64_t a, absl::string_view a_name, int64_t b, absl::string_view b_name) {
+  RETURN_IF_ERROR(RequireNonNegative(a, a_name));
+  RETURN_IF_ERROR(RequireNonNegative(b, b_name));
+  return ExactlyOneSet(a > 0, a_name, b > 0, b_name);
+}
+
+absl::Status ValidateData(v1::DataSpec& data) {
+  // Online jobs name their teachers, or leave them to the coordinator, which
+  // assigns live teachers serving model.target.
+  if (!data.store().empty() && !data.tokenized().empty()) {
+    return FieldError("data.tokenized", "set together with data.store; set one");
+  }
+  const bool online = !data.tokenized().empty() || !data.teachers().empty();
+  if (data.store().empty() == !online) {
+    return FieldError("data.store",
+                      "set exactly one of data.store (offline) and data.tokenized (online)");
+  }
+  if (!data.teachers().empty() && data.tokenized().empty()) {
+    return FieldError("data.tokenized", "required with data.teachers (pre-tokenized JSONL)");
+  }
+  for (int i = 0; i < data.teachers_size(); ++i) {
+    if (data.teachers(i).find(':') == std::string::npos) {
+      return FieldError(absl::StrCat("data.teachers[", i, "]"),
+                        absl::StrCat("\"", data.teachers(i), "\" is not host:port"));
+    }
+  }
+  if (data.transport().empty()) data.set_transport("auto");
+  if (data.transport() != "auto" && data.transport() != "inline" && data.transport() != "shm" &&
+      data.transport() != "nccl") {
+    return FieldError("data.transport",
+                      absl::StrCat("\"", data.transport(), "\" is not auto, inline, shm or nccl"));
+  }
+  RETURN_IF_ERROR(RequireNonNegative(data.in_flight(), "data.in_flight"));
+  if (data.in_flight() == 0) data.set_in_flight(8);
+  return RequireNonNegative(data.max_length(), "data.max_length");
+}
+
+absl::Status ValidateModel(v1::ModelSpec& model) {
+  if (model.target().empty()) {
+    return FieldError("model.target", "required (target checkpoint directory)");
+  }
+  v1::DraftSpec& draft = *model.mutable_draft();
+  RETURN_IF_ERROR(RequireNonNegative(draft.hidden_size(), "model.draft.hidden_size"));
+  RETURN_IF_ERROR(RequireNonNegative(draft.intermediate_size(), "model.draft.intermediate_size"));
+  RETURN_IF_ERROR(
+      RequireNonNegative(draft.num_attention_heads(), "model.draft.num_attention_heads"));
+  RETURN_IF_ERROR(
+      RequireNonNegative(draft.num_key_value_heads(), "model.draft.num_key_value_heads"));
+  RETURN_IF_ERROR(RequireNonNegative(draft.head_dim(), "model.draft.head_dim"));
+  if (draft.num_attention_heads() > 0 && draft.num_key_value_heads() > 0 &&
+      draft.num_attention_heads() % draft.num_key_value_heads() != 0) {
+    return FieldError("model.draft.num_key_value_heads",
+                      absl::StrCat("must divide num_attention_heads (", draft.num_attention_heads(),
+                                   "), got ", draft.num_key_value_heads()));
+  }
+  RETURN_IF_ERROR(RequireNonNegative(draft.draft_vocab_size(), "model.draft.draft_vocab_size"));
+  bool has_size = draft.draft_vocab_size() > 0;
+  bool has_map = !draft.vocab_map().empty();
+  return ExactlyOneSet(has_size, "model.draft.draft_vocab_size", has_map, "model.draft.vocab_map");
+}
+
+absl::Status ValidateOptimizer(v1::OptimizerSpec& opt) {
+  if (!(opt.lr() > 0) || !std::isfinite(opt.lr())) {
+    return FieldError("optimizer.lr", absl::StrCat("must be > 0, got ", opt.lr()));
+  }
+  if (opt.betas_size() == 0) {
+    opt.add_betas(kDefaultBeta1);
+    opt.add_betas(kDefaultBeta2);
+  }
+  if (opt.betas_size() != 2) {
+    return FieldError("optimizer.betas",
+                      absl::StrCat("must be two values [beta1, beta2], got ", opt.betas_size()));
+  }
+  for (int i = 0; i < 2; ++i) {
+    double beta = opt.betas(i);
+    if (!(beta >= 0 && beta < 1)) {
+      return FieldError(absl::StrCat("optimizer.betas[", i, "]"),
+                        absl::StrCat("must be in [0, 1), got ", beta));
+    }
+  }
+  if (opt.eps() == 0) opt.set_eps(kDefaultEps);
+  if (!(opt.eps() > 0)) {
+    return FieldError("optimizer.eps", absl::StrCat("must be > 0, got ", opt.eps()));
+  }
+  RETURN_IF_ERROR(RequireNonNegative(opt.weight_decay(), "optimizer.weight_decay"));
+  RETURN_IF_ERROR(RequireNonNegative(opt.grad_clip(), "optimizer.grad_clip"));
+  RETURN_IF_ERROR(RequireNonNegative(opt.warmup_steps(), "optimizer.warmup_steps"));
+  if (!(opt.warmup_ratio() >= 0 && opt.warmup_ratio() < 1)) {
+    return FieldError("optimizer.warmup_ratio",
+                      absl::StrCat("must be in [0, 1), got ", opt.warmup_ratio()));
+  }
+  if (opt.warmup_steps() > 0 && opt.warmup_ratio() > 0) {
+    return FieldError("optimizer.warmup_ratio",
+                      "set together with optimizer.warmup_steps; set at most one");
+  }
+  if (opt.schedule().empty()) opt.set_schedule(kDefaultSchedule);
+  if (opt.schedule() != "cosine" && opt.schedule() != "constant") {
+    return FieldError("optimizer.schedule", absl::StrCat("unknown schedule \"", opt.schedule(),
+                                                         "\" (known: cosine, constant)"));
+  }
+  if (!(opt.min_lr_ratio() >= 0 && opt.min_lr_ratio() <= 1)) {
+    return FieldError("optimizer.min_lr_ratio",
+                      absl::StrCat("must be in [0, 1], got ", opt.min_lr_ratio()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTraining(v1::TrainingSpec& training) {
+  RETURN_IF_ERROR(
+      ExactlyOne(training.epochs(), "training.epochs", training.max_steps(), "training.max_steps"));
+  RETURN_IF_ERROR(ExactlyOne(training.batch_size(), "training.batch_size", training.batch_tokens(),
+                             "training.batch_tokens"));
+  if (training.ttt_steps() == 0) training.set_ttt_steps(kDefaultTttSteps);
+  if (training.ttt_steps() < 1 || training.ttt_steps() > kMaxTttSteps) {
+    return FieldError("training.ttt_steps", absl::StrCat("must be in [1, ", kMaxTttSteps, "], got ",
+                                                         training.ttt_steps()));
+  }
+  if (training.dtype().empty()) training.set_dtype(kDefaultDtype);
+  if (training.dtype() != "float32" && training.dtype() != "bfloat16") {
+    return FieldError("training.dtype", absl::StrCat("unknown dtype \"", training.dtype(),
+                                                     "\" (known: float32, bfloat16)"));
+  }
+  if (training.log_every() == 0) training.set_log_every(kDefaultLogEvery);
+  RETURN_IF_ERROR(RequirePositive(training.log_every(), "training.log_every"));
+  if (training.device().empty()) training.set_device("auto");
+  if (!IsTrainingDevice(training.device())) {
+    return FieldError("training.device", absl::StrCat("unknown device \"", training.device(),
+                                                      "\" (known: auto, cpu, cuda, cuda:N)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCheckpoint(const v1::CheckpointSpec& checkpoint) {
+  RETURN_IF_ERROR(RequireNonNegative(checkpoint.every_steps(), "checkpoint.every_steps"));
+  RETURN_IF_ERROR(RequireNonNegative(checkpoint.keep_last(), "checkpoint.keep_last"));
+  if (checkpoint.dir().empty() && (checkpoint.every_steps() > 0 || checkpoint.keep_last() > 0)) {
+    return FieldError(
+        checkpoint.every_steps() > 0 ? "checkpoint.every_steps" : "checkpoint.keep_last",
+        "set without checkpoint.dir");
+  }
+  return absl::OkStatus();
+}
+
+constexpr double kDefaultRendezvousTimeoutSeconds = 120;
+
+absl::Status ValidateParallel(v1::ParallelSpec& parallel) {
+  if (parallel.cp_size() == 0) parallel.set_cp_size(kDefaultCpSize);
+  if (parallel.cp_size() < 1) {
+    return FieldError("parallel.cp_size", absl::StrCat("must be >= 1, got ", parallel.cp_size()));
+  }
+  if (parallel.cp_mode().empty()) parallel.set_cp_mode(kDefaultCpMode);
+  const std::string& mode = parallel.cp_mode();
+  if (mode != "ring" && mode != "ulysses" && mode != "usp") {
+    return FieldError("parallel.cp_mode",
+                      absl::StrCat("unknown mode \"", mode, "\" (known: ring, ulysses, usp)"));
+  }
+  int64_t degree = parallel.ulysses_degree();
+  RETURN_IF_ERROR(RequireNonNegative(degree, "parallel.ulysses_degree"));
+  if (mode == "ring") {
+    if (degree > 1) {
+      return FieldError("parallel.ulysses_degree",
+                        absl::StrCat("is ", degree, " but cp_mode is ring (use usp)"));
+    }
+  } else if (mode == "ulysses") {
+    if (degree == 0) parallel.set_ulysses_degree(parallel.cp_size());
+    if (parallel.ulysses_degree() != parallel.cp_size()) {
+      return FieldError("parallel.ulysses_degree",
+                        absl::StrCat("must equal cp_size (", parallel.cp_size(),
+                                     ") under cp_mode ulysses, got ", degree));
+    }
+  } else {  // usp
+    if (degree == 0) return FieldError("parallel.ulysses_degree", "required when cp_mode is usp");
+  }
+  if (parallel.ulysses_degree() > 0 && parallel.cp_size() % parallel.ulysses_degree() != 0) {
+    return FieldError("parallel.ulysses_degree",
+                      absl::StrCat("must divide cp_size (", parallel.cp_size(), "), got ",
+                                   parallel.ulysses_degree()));
+  }
+  RETURN_IF_ERROR(RequireNonNegative(parallel.dp_size(), "parallel.dp_size"));
+  if (!(parallel.rendezvous_timeout_s() >= 0) || parallel.rendezvous_timeout_s() > 86400) {
+    return FieldError(
+        "parallel.rendezvous_timeout_s",
+        absl::StrCat("must be in [0, 86400] seconds, got ", parallel.rendezvous_timeout_s()));
+  }
+  if (parallel.rendezvous_timeout_s() == 0) {
+    parallel.set_rendezvous_timeout_s(kDefaultRendezvousTimeoutSeconds);
+  }
+  if (parallel.dp_size() > kMaxWorldSize || parallel.cp_size() > kMaxWorldSize ||
+      parallel.dp_size() * parallel.cp_size() > kMaxWorldSize) {
+    return FieldError("parallel.dp_size",
+                      absl::StrCat("dp_size x cp_size must be <= ", kMaxWorldSize, ", got ",
+                                   parallel.dp_size(), " x ", parallel.cp_size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec YAML: ", MarkText(e.mark), ": ", e.msg));
+  }
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        root.IsNull() ? "job spec YAML: empty document"
+                      : absl::StrCat("job spec YAML: ", MarkText(root.Mark()),
+                                     ": the top level must be a map of sections"));
+  }
+  try {
+    ASSIGN_OR_RETURN(nlohmann::json json, NodeToJson(root, ""));
+    return json.dump();
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec YAML: ", MarkText(e.mark), ": ", e.msg));
+  }
+}
+
+absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
+  ASSIGN_OR_RETURN(std::string json, JobYamlToJson(yaml_text));
+  JobSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto parsed = google::protobuf::util::JsonStringToMessage(json, &spec, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: ", std::string(parsed.message().data(), parsed.message().size())));
+  }
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  auto spec = ParseJobSpecYaml(text);
+  if (!spec.ok()) return Annotate(spec.status(), path);
+  return spec;
+}
+
+absl::Status ValidateJobSpec(JobSpec& spec) {
+  RETURN_IF_ERROR(ValidateData(*spec.mutable_data()));
+  RETURN_IF_ERROR(ValidateModel(*spec.mutable_model()));
+  RETURN_IF_ERROR(ValidateOptimizer(*spec.mutable_optimizer()));
+  RETURN_IF_ERROR(ValidateTraining(*spec.mutable_training()));
+  RETURN_IF_ERROR(ValidateCheckpoint(spec.checkpoint()));
+  RETURN_IF_ERROR(ValidateParallel(*spec.mutable_parallel()));
+  if (!spec.has_max_restarts()) spec.set_max_restarts(kDefaultMaxRestarts);
+  RETURN_IF_ERROR(RequireNonNegative(spec.max_restarts(), "max_restarts"));
+  return absl::OkStatus();
+}
+
+std::string JobSpecFingerprint(const JobSpec& spec) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    spec.SerializeToCodedStream(&coded);
+  }
+  uint64_t hash = 1469598103934665603ULL;
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return absl::StrFormat("%016x", hash);
+}
+
+}  // namespace specstream::jobspec

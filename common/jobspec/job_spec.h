@@ -1,0 +1,72 @@
+// Job specs: YAML files validated against specstream.v1.JobSpec
+// (proto/specstream/v1/job.proto); docs/job-config.md documents every field.
+//
+// Parsing goes YAML -> JSON -> protobuf JSON parsing, so the proto stays the
+// one schema: keys are the proto field names, unknown keys and ill-typed
+// values are refused by protobuf's parser (its message names the field).
+// YAML scalars are typed as JSON the way a reader expects: a plain scalar
+// that reads as an integer is an integer, then a float, then true/false,
+// null/~/empty is null; anything else, and every quoted scalar, is a string.
+// Sequences become arrays and maps objects (duplicate keys are refused).
+//
+// ValidateJobSpec then fills the defaults and checks what the schema cannot
+// say; refusals are InvalidArgument "field.path: reason", e.g.
+// "optimizer.lr: must be > 0, got 0".
+//
+// Nothing here touches LibTorch, so the coordinator can validate at submit
+// time with the same code. Pure functions; thread-safe.
+#ifndef SPECSTREAM_COMMON_JOBSPEC_JOB_SPEC_H_
+#define SPECSTREAM_COMMON_JOBSPEC_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "specstream/v1/job.pb.h"
+
+namespace specstream::jobspec {
+
+// Defaults ValidateJobSpec fills in where a field is 0 / empty.
+inline constexpr double kDefaultBeta1 = 0.9;
+inline constexpr double kDefaultBeta2 = 0.95;
+inline constexpr double kDefaultEps = 1e-8;
+inline constexpr int64_t kDefaultTttSteps = 7;
+inline constexpr int64_t kMaxTttSteps = 32;
+inline constexpr char kDefaultDtype[] = "bfloat16";
+inline constexpr char kDefaultSchedule[] = "cosine";
+inline constexpr int64_t kDefaultLogEvery = 1;
+inline constexpr int64_t kDefaultCpSize = 1;
+inline constexpr char kDefaultCpMode[] = "ring";
+inline constexpr int64_t kDefaultMaxRestarts = 3;
+inline constexpr int64_t kMaxWorldSize = 65536;
+
+// YAML text -> validated spec with defaults filled. Errors:
+//   * YAML syntax: InvalidArgument "job spec YAML: line L, column C: <msg>"
+//     (1-based, from yaml-cpp's mark).
+//   * Schema (unknown key, wrong type): InvalidArgument "job spec: <protobuf
+//     message naming the field>".
+//   * Semantics: ValidateJobSpec's errors.
+absl::StatusOr<specstream::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml_text);
+
+// Reads `path` and parses it; errors are prefixed with the path.
+absl::StatusOr<specstream::v1::JobSpec> LoadJobSpec(const std::string& path);
+
+// Fills defaults in place and checks the rules of docs/job-config.md. On
+// error `spec` may be partly defaulted. Idempotent on a valid spec.
+absl::Status ValidateJobSpec(specstream::v1::JobSpec& spec);
+
+// A training.device value: "auto", "cpu", "cuda" or "cuda:N" (N digits).
+bool IsTrainingDevice(absl::string_view device);
+
+// The YAML -> JSON step alone (exposed for tests and tools).
+absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text);
+
+// A stable 16-hex-digit fingerprint of a (validated) spec: FNV-1a 64 over its
+// deterministic binary serialization. Checkpoints record it so a resume with
+// a different spec is noticed.
+std::string JobSpecFingerprint(const specstream::v1::JobSpec& spec);
+
+}  // namespace specstream::jobspec
+
+#endif  // SPECSTREAM_COMMON_JOBSPEC_JOB_SPEC_H_

@@ -1,0 +1,305 @@
+#include "common/transport/shm_ring.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file.h"
+
+namespace specstream {
+
+// The header page. Only lock-free atomics, so the layout is the same in every
+// process and the operations work across processes (the kernel futex ties
+// waiting to the physical page, not the mapping address).
+struct ShmRing::Header {
+  std::atomic<uint64_t> magic;  // kMagic, stored last (release) by Create
+  uint32_t version;
+  uint32_t header_bytes;
+  uint64_t capacity;
+  // Separate cache lines: head is written by the producer, tail by the
+  // consumer.
+  alignas(64) std::atomic<uint64_t> head;
+  alignas(64) std::atomic<uint64_t> tail;
+  // Futex word bumped by every Release; a producer waiting for room sleeps
+  // on it. producer_waiting tells the consumer whether a wake is needed.
+  std::atomic<uint32_t> release_seq;
+  std::atomic<uint32_t> producer_waiting;
+};
+
+namespace {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "ring positions must be lock-free");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex word must be lock-free");
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex word must be 32 bits");
+
+constexpr uint64_t kMinCapacity = 4096;
+constexpr uint64_t kMaxCapacity = uint64_t{1} << 40;
+
+absl::Status ValidateName(const std::string& name) {
+  if (name.size() < 2 || name.size() > 251 || name[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm ring name '", name, "': must be '/' followed by 1-250 characters"));
+  }
+  for (size_t i = 1; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm ring name '", name, "': only [A-Za-z0-9._-] may follow the '/'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+absl::Status ValidateCapacity(uint64_t capacity) {
+  if (!IsPowerOfTwo(capacity) || capacity < kMinCapacity || capacity > kMaxCapacity) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shm ring capacity %d: must be a power of two in [%d, %d]", capacity,
+                        kMinCapacity, kMaxCapacity));
+  }
+  return absl::OkStatus();
+}
+
+// FUTEX_WAIT (process-shared) on `word` while it equals `expected`, at most
+// `timeout`. Spurious returns are fine: callers re-check their condition.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
+  struct timespec ts = absl::ToTimespec(timeout);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+ShmRing::ShmRing(std::string name, bool owner, void* base, uint64_t mapped_bytes, uint64_t capacity)
+    : name_(std::move(name)),
+      owner_(owner),
+      base_(base),
+      mapped_bytes_(mapped_bytes),
+      capacity_(capacity) {}
+
+ShmRing::~ShmRing() {
+  munmap(base_, mapped_bytes_);
+  if (owner_) shm_unlink(name_.c_str());
+}
+
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Map(const std::string& name, int fd, bool owner,
+                                                      uint64_t mapped_bytes, uint64_t capacity,
+                                                      bool populate) {
+  void* base = mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+  if (base == MAP_FAILED) return ErrnoStatus("cannot map shm ring", name);
+  return std::unique_ptr<ShmRing>(new ShmRing(name, owner, base, mapped_bytes, capacity));
+}
+
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Create(const ShmRingOptions& options) {
+  static_assert(sizeof(Header) <= kHeaderBytes, "the header must fit its page");
+  if (absl::Status s = ValidateName(options.name); !s.ok()) return s;
+  if (absl::Status s = ValidateCapacity(options.capacity); !s.ok()) return s;
+  const int fd = shm_open(options.name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("shm ring ", options.name, ": a segment of that name exists"));
+    }
+    return ErrnoStatus("cannot create shm ring", options.name);
+  }
+  const uint64_t bytes = kHeaderBytes + options.capacity;
+  // From here on a failure must not leave the name behind.
+  auto fail = [&](absl::Status status) {
+    close(fd);
+    shm_unlink(options.name.c_str());
+    return status;
+  };
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    return fail(ErrnoStatus("cannot size shm ring", options.name));
+  }
+  if (options.populate) {
+    // tmpfs allocates lazily; reserving now turns "no room" into an error
+    // here rather than SIGBUS on the first write.
+    if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+      const std::string message = absl::StrFormat("cannot allocate %d bytes for shm ring %s: %s",
+                                                  bytes, options.name, std::strerror(err));
+      return fail(err == ENOSPC ? absl::ResourceExhaustedError(message)
+                                : absl::InternalError(message));
+    }
+  }
+  auto ring = Map(options.name, fd, /*owner=*/true, bytes, options.capacity, options.populate);
+  if (!ring.ok()) return fail(ring.status());
+  close(fd);
+  // A fresh segment is zero-filled; construct the header in place and
+  // publish it with the magic last, so an attacher never sees half a header.
+  auto* h = new ((*ring)->base_) Header();
+  h->version = kVersion;
+  h->header_bytes = static_cast<uint32_t>(kHeaderBytes);
+  h->capacity = options.capacity;
+  h->head.store(0, std::memory_order_relaxed);
+  h->tail.store(0, std::memory_order_relaxed);
+  h->release_seq.store(0, std::memory_order_relaxed);
+  h->producer_waiting.store(0, std::memory_order_relaxed);
+  h->magic.store(kMagic, std::memory_order_release);
+  return ring;
+}
+
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Attach(const std::string& name, bool populate) {
+  if (absl::Status s = ValidateName(name); !s.ok()) return s;
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("shm ring ", name, ": no such segment"));
+    }
+    return ErrnoStatus("cannot open shm ring", name);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    absl::Status status = ErrnoStatus("cannot stat shm ring", name);
+    close(fd);
+    return status;
+  }
+  const auto bytes = static_cast<uint64_t>(st.st_size);
+  if (bytes < kHeaderBytes + kMinCapacity) {
+    close(fd);
+    return absl::DataLossError(absl::StrFormat(
+        "shm ring %s: segment is %d bytes, too small for a ring (header %d + at least %d)", name,
+        bytes, kHeaderBytes, kMinCapacity));
+  }
+  auto ring = Map(name, fd, /*owner=*/false, bytes, bytes - kHeaderBytes, populate);
+  close(fd);
+  if (!ring.ok()) return ring.status();
+  const Header* h = (*ring)->header();
+  const uint64_t magic = h->magic.load(std::memory_order_acquire);
+  if (magic != kMagic) {
+    return absl::DataLossError(absl::StrFormat(
+        "shm ring %s: bad magic 0x%016x (expected 0x%016x): not a ring or not initialized", name,
+        magic, kMagic));
+  }
+  if (h->version != kVersion || h->header_bytes != kHeaderBytes) {
+    return absl::DataLossError(
+        absl::StrFormat("shm ring %s: layout version %d / header %d bytes, expected %d / %d", name,
+                        h->version, h->header_bytes, kVersion, kHeaderBytes));
+  }
+  if (h->capacity != bytes - kHeaderBytes || !ValidateCapacity(h->capacity).ok()) {
+    return absl::DataLossError(
+        absl::StrFormat("shm ring %s: header capacity %d does not match the segment size %d", name,
+                        h->capacity, bytes));
+  }
+  const uint64_t head = h->head.load(std::memory_order_acquire);
+  const uint64_t tail = h->tail.load(std::memory_order_acquire);
+  if (tail > head || head - tail > h->capacity) {
+    return absl::DataLossError(
+        absl::StrFormat("shm ring %s: corrupt positions head %d tail %d (capacity %d)", name, head,
+                        tail, h->capacity));
+  }
+  return ring;
+}
+
+uint64_t ShmRing::committed() const { return header()->head.load(std::memory_order_acquire); }
+uint64_t ShmRing::released() const { return header()->tail.load(std::memory_order_acquire); }
+
+absl::StatusOr<ShmRing::Reservation> ShmRing::Reserve(uint64_t n, absl::Duration timeout) {
+  if (reserved_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm ring ", name_, ": Reserve while a reservation is open"));
+  }
+  if (n == 0 || n > capacity_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shm ring %s: record of %d bytes, must be in [1, %d]", name_, n, capacity_));
+  }
+  Header* h = header();
+  // Only this producer writes head, so its own last store is current.
+  const uint64_t head = h->head.load(std::memory_order_relaxed);
+  const uint64_t index = head & (capacity_ - 1);
+  const uint64_t start = index + n > capacity_ ? head + (capacity_ - index) : head;
+  const uint64_t end = start + n;
+  auto fits = [&](std::memory_order order) { return end - h->tail.load(order) <= capacity_; };
+
+  if (!fits(std::memory_order_acquire)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      // Dekker-style handshake with Release (all seq_cst): either we see the
+      // consumer's new tail, or it sees producer_waiting and wakes us; the
+      // sequence number read before the check makes a wake that lands
+      // between the check and the sleep return at once.
+      h->producer_waiting.store(1, std::memory_order_seq_cst);
+      const uint32_t seq = h->release_seq.load(std::memory_order_seq_cst);
+      if (fits(std::memory_order_seq_cst)) break;
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        h->producer_waiting.store(0, std::memory_order_relaxed);
+        return absl::DeadlineExceededError(absl::StrFormat(
+            "shm ring %s: no room for %d bytes within %s (head %d, tail %d, capacity %d)", name_, n,
+            absl::FormatDuration(timeout), head, h->tail.load(std::memory_order_relaxed),
+            capacity_));
+      }
+      FutexWait(&h->release_seq, seq, left);
+    }
+    h->producer_waiting.store(0, std::memory_order_relaxed);
+  }
+  reserved_ = true;
+  reserved_end_ = end;
+  return Reservation{start, absl::Span<char>(data() + (start & (capacity_ - 1)), n)};
+}
+
+absl::Status ShmRing::Commit() {
+  if (!reserved_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm ring ", name_, ": Commit without a reservation"));
+  }
+  // Release: the record's bytes (and the skipped padding) become visible
+  // with the new head.
+  header()->head.store(reserved_end_, std::memory_order_release);
+  reserved_ = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Span<const char>> ShmRing::Read(uint64_t position, uint64_t n) const {
+  const Header* h = header();
+  const uint64_t tail = h->tail.load(std::memory_order_relaxed);  // consumer-owned
+  const uint64_t head = h->head.load(std::memory_order_acquire);  // pairs with Commit
+  if (position < tail || position > head || n > head - position) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shm ring %s: record [%d, %d) is not committed and unreleased (tail %d, head %d)", name_,
+        position, position + n, tail, head));
+  }
+  const uint64_t index = position & (capacity_ - 1);
+  if (index + n > capacity_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shm ring %s: record [%d, %d) would wrap the data area (capacity %d)",
+                        name_, position, position + n, capacity_));
+  }
+  return absl::Span<const char>(data() + index, n);
+}
+
+absl::Status ShmRing::Release(uint64_t end) {
+  Header* h = header();
+  const uint64_t tail = h->tail.load(std::memory_order_relaxed);
+  const uint64_t head = h->head.load(std::memory_order_acquire);
+  if (end < tail || end > head) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shm ring %s: Release(%d) outside [tail %d, head %d]", name_, end, tail, head));
+  }
+  // Release semantics (implied by seq_cst): our reads of the released bytes
+  // happen before the producer overwrites them.
+  h->tail.store(end, std::memory_order_seq_cst);
+  h->release_seq.fetch_add(1, std::memory_order_seq_cst);
+  if (h->producer_waiting.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&h->release_seq);
+  return absl::OkStatus();
+}
+
+}  // namespace specstream

@@ -1,0 +1,507 @@
+// `specstream-teacher`: the target-model side.
+//   init-random  write a random checkpoint in HF layout (tests, demo)
+//   forward      run one sequence and print each capture's shape and checksum
+//   dump         write the offline store for a dataset
+//   serve        answer TeacherService streams (gRPC) until SIGTERM/SIGINT
+//   tp-worker    (internal) one tensor-parallel rank, started by the others
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include <filesystem>
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+#include "common/exit_code.h"
+#include "common/file.h"
+#include "common/grpc/auth.h"
+#include "common/host.h"
+#include "common/logging.h"
+#include "common/metrics_http.h"
+#include "common/net_address.h"
+#include "common/openmp_wait.h"
+#include "common/shutdown_signal.h"
+#include "common/status.h"
+#include "common/torch/tensor_util.h"
+#include "common/transport/shm_ring.h"
+#include "services/daemon/registration.h"
+#include "services/teacher/teacher_service.h"
+#include "teacher/dump.h"
+#include "teacher/init_random.h"
+#include "teacher/model_weights.h"
+#include "teacher/sample_tensors.h"
+#include "teacher/tp_launcher.h"
+#if SPECSTREAM_WITH_NCCL
+#include "common/transport/nccl_util.h"
+#endif
+
+namespace {
+
+using namespace specstream;           // NOLINT(build/namespaces): a main file
+using namespace specstream::teacher;  // NOLINT(build/namespaces)
+
+int ExitCode(const absl::Status& status) { return ReportExit("specstream-teacher", status); }
+
+absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int value = 0;
+    if (!absl::SimpleAtoi(part, &value)) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": \"", part, "\" is not an integer"));
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
+// Flags shared by every command that loads the target.
+struct RuntimeFlags {
+  std::string model;
+  std::string devices = "cpu";
+  std::string dtype = "auto";
+  std::string capture;
+  std::string runtime = "hf";
+  int tp = 0;  // 0: one rank per --devices entry
+  int ep = 1;
+  std::string log_level;  // the global --log-level, handed to the TP workers
+
+  void Add(CLI::App* app) {
+    app->add_option("--model", model, "Target checkpoint directory (HF layout)")->required();
+    app->add_option("--devices", devices,
+                    "One TP rank per device: cpu,cpu or cuda:0,cuda:1 (tensor parallel)");
+    app->add_option("--tp", tp,
+                    "Tensor-parallel ranks (default: one per --devices entry; with --devices "
+                    "cpu, N cpu ranks)");
+    app->add_option("--ep", ep,
+                    "Expert-parallel ranks within the TP group (MoE models, --runtime sglang)");
+    app->add_option("--dtype", dtype, "auto | float32 | bfloat16");
+    app->add_option("--capture-layers", capture, "EAGLE-3 capture layer ids (default 1,L/2-1,L-4)");
+    app->add_option("--runtime", runtime, "Target runtime: hf | sglang (token-packed, fused)");
+  }
+
+  // The launch these flags describe. `check_machine` false checks what can
+  // be checked anywhere (names, numbers, the TP/EP layout), not that this
+  // machine has the devices (--check-config).
+  absl::StatusOr<RuntimeSpec> Spec(bool check_machine) const {
+    RuntimeSpec spec;
+    if (runtime != "hf" && runtime != "sglang") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--runtime \"", runtime, "\" (available: hf, sglang)"));
+    }
+    // The loader's own dtype rule ("auto" resolved later, from config.json).
+    RETURN_IF_ERROR(ResolveComputeDtype(dtype, HfModelConfig{}).status());
+    spec.runtime = runtime;
+    spec.model_dir = model;
+    spec.dtype = dtype;
+    ASSIGN_OR_RETURN(spec.capture_layer_ids, ParseIntList("--capture-layers", capture));
+    ASSIGN_OR_RETURN(spec.devices, ParseDevices(devices, check_machine));
+    if (tp < 0) return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, " must be positive"));
+    if (tp > 0 && spec.devices == std::vector<std::string>{"cpu"}) {
+      spec.devices.assign(tp, "cpu");
+    } else if (tp > 0 && tp != static_cast<int>(spec.devices.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, " does not match the ",
+                                                     spec.devices.size(), " --devices given"));
+    }
+    RETURN_IF_ERROR(CheckExpertParallelSize(ep, static_cast<int>(spec.devices.size())));
+    spec.ep_size = ep;
+    spec.log_level = log_level;
+    return spec;
+  }
+
+  absl::StatusOr<std::unique_ptr<LaunchedRuntime>> Launch() const {
+    ASSIGN_OR_RETURN(RuntimeSpec spec, Spec(/*check_machine=*/true));
+    ASSIGN_OR_RETURN(spec.worker_executable, SelfExecutable());
+    return LaunchRuntime(spec);
+  }
+};
+
+absl::Status RunForward(const RuntimeFlags& flags, const std::string& ids_text) {
+  ASSIGN_OR_RETURN(std::vector<int> ids, ParseIntList("--ids", ids_text));
+  ASSIGN_OR_RETURN(auto launched, flags.Launch());
+  ForwardRequest request;
+  request.sequences = {std::vector<int32_t>(ids.begin(), ids.end())};
+  request.want_target_ids = true;
+  ASSIGN_OR_RETURN(auto captures, launched->runtime().Forward(request));
+  const SequenceCapture& c = captures[0];
+  auto print = [](const char* name, const torch::Tensor& t) {
+    torch::Tensor f = t.to(torch::kFloat64);
+    std::cout << name << " " << c10::toString(t.scalar_type()) << " ["
+              << absl::StrJoin(ShapeOf(t), ", ") << "] sum=" << f.sum().item<double>()
+              << " abs_sum=" << f.abs().sum().item<double>() << "\n";
+  };
+  std::cout << "capture_layer_ids ["
+            << absl::StrJoin(launched->runtime().Describe().capture_layer_ids, ", ") << "]\n";
+  print("aux_hidden", c.aux_hidden);
+  print("last_hidden", c.last_hidden);
+  print("target_ids", c.target_ids);
+  std::cout << "target_ids "
+            << absl::StrJoin(
+                   std::vector<int32_t>(c.target_ids.data_ptr<int32_t>(),
+                                        c.target_ids.data_ptr<int32_t>() + c.target_ids.numel()),
+                   ",")
+            << "\n";
+  return launched->Shutdown();
+}
+
+struct ServeFlags {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string port_file;
+  std::string payload_dtype = "bfloat16";
+  bool keep_target_ids = false;
+  int64_t max_tokens = 0;
+  int64_t batch_tokens = 8192;
+  int64_t chunk_kib = 1024;
+  std::string nccl_device = "auto";
+  double nccl_timeout_s = 60;
+  double shutdown_timeout_s = 30;
+  // Under a coordinator (docs/operations.md): register, heartbeat, and serve
+  // streams only to the tokens of running jobs.
+  std::string coordinator;
+  std::string name;        // default: <advertised host>:<port>
+  std::string model_name;  // a short name jobs may use as model.target
+  std::string advertise;   // host students dial; default --host, or the hostname for 0.0.0.0
+  std::string token_file;
+  std::string tls_ca;
+  int metrics_port = -1;
+  std::string metrics_port_file;
+};
+
+// Prometheus gauges and counters from the service's stats, refreshed at each
+// scrape.
+void ExportTeacherMetrics(const TeacherService::Stats& stats, TeacherService::Stats& last,
+                          MetricsRegistry& registry) {
+  registry.AddCounter("specstream_teacher_streams_total", "Sample streams accepted", {},
+                      static_cast<double>(stats.streams - last.streams));
+  registry.AddCounter("specstream_teacher_samples_sent_total", "Samples sent", {},
+                      static_cast<double>(stats.samples_sent - last.samples_sent));
+  registry.AddCounter("specstream_teacher_sample_errors_total", "SampleErrors sent", {},
+                      static_cast<double>(stats.sample_errors - last.sample_errors));
+  registry.AddCounter("specstream_teacher_forward_calls_total", "Target forward calls", {},
+                      static_cast<double>(stats.forward_calls - last.forward_calls));
+  last = stats;
+}
+
+// --nccl-device's own syntax: the device index, or -1 for "auto" and
+// "none" (NcclDeviceFlag resolves "auto" on this machine).
+absl::StatusOr<int> ParseNcclDeviceIndex(const std::string& value) {
+  if (value == "auto" || value == "none") return -1;
+  int device = -1;
+  if (!absl::SimpleAtoi(value, &device) || device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nccl-device: \"", value, "\" is not auto, none or a device index"));
+  }
+  return device;
+}
+
+// --nccl-device: "auto" (in a build with NCCL: the leader's GPU when the
+// target runs on CUDA devices, so payloads leave from where they are
+// computed; else device 0 when one is visible; otherwise NCCL is not
+// offered), "none", or a device index. `devices` is --devices.
+absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& devices) {
+  if (value == "auto") {
+#if SPECSTREAM_WITH_NCCL
+    const std::string leader = devices.substr(0, devices.find(','));
+    int index = 0;
+    if (absl::StartsWith(leader, "cuda:") && absl::SimpleAtoi(leader.substr(5), &index)) {
+      return index;
+    }
+    return CudaDeviceCount() > 0 ? 0 : -1;
+#else
+    return -1;
+#endif
+  }
+  return ParseNcclDeviceIndex(value);  // TeacherService::Create checks that it exists
+}
+
+// Everything serve's flags say that can be checked before the model loads
+// and away from the machine they are meant for: names, numbers, ranges,
+// the device list's names and TP/EP layout (not that the devices exist),
+// the coordinator's address. RunServe runs it first; `serve
+// --check-config` runs only it (the Kubernetes manifest checks run each
+// overlay's flags through it). Returns a one-line summary.
+absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const ServeFlags& serve) {
+  ASSIGN_OR_RETURN(const RuntimeSpec spec, flags.Spec(/*check_machine=*/false));
+  RETURN_IF_ERROR(ParseHiddenDType("--payload-dtype", serve.payload_dtype).status());
+  RETURN_IF_ERROR(ParseNcclDeviceIndex(serve.nccl_device).status());
+  if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
+  if (serve.shutdown_timeout_s < 0) {
+    return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
+  }
+  RETURN_IF_ERROR(CheckListenPorts(serve.port, serve.metrics_port));
+  if (serve.host.empty()) return absl::InvalidArgumentError("--host: empty");
+  if (serve.batch_tokens < 1) return absl::InvalidArgumentError("--batch-tokens must be >= 1");
+  if (serve.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
+  if (serve.chunk_kib < 1) return absl::InvalidArgumentError("--chunk-kib must be >= 1");
+  if (!serve.coordinator.empty()) {
+    RETURN_IF_ERROR(SplitHostPort(serve.coordinator, "--coordinator").status());
+  }
+  return absl::StrCat("runtime ", spec.runtime, ", ", spec.devices.size(), " TP rank(s) on ",
+                      absl::StrJoin(spec.devices, ","), ", EP ", spec.ep_size, ", ", spec.dtype,
+                      ", payloads ", serve.payload_dtype, ", port ", serve.port,
+                      serve.coordinator.empty() ? "" : ", coordinator " + serve.coordinator);
+}
+
+absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
+  RETURN_IF_ERROR(CheckServeConfig(flags, serve).status());
+  ASSIGN_OR_RETURN(const int nccl_device, NcclDeviceFlag(serve.nccl_device, flags.devices));
+  // Handlers first, so a signal that arrives while the model loads still
+  // ends in an orderly shutdown once it has loaded.
+  RETURN_IF_ERROR(InstallShutdownSignals());
+
+  ASSIGN_OR_RETURN(auto launched, flags.Launch());
+  TeacherServerOptions options;
+  options.host = serve.host;
+  options.port = serve.port;
+  options.service.payload_dtype = serve.payload_dtype;
+  options.service.keep_target_ids = serve.keep_target_ids;
+  options.service.max_tokens = serve.max_tokens;
+  options.service.max_batch_tokens = serve.batch_tokens;
+  options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
+  options.service.nccl_device = nccl_device;
+  options.service.nccl_timeout = absl::Seconds(serve.nccl_timeout_s);
+  services::JobTokenSet job_tokens;
+  std::unique_ptr<services::Registration> registration;
+  if (!serve.coordinator.empty()) {
+    options.service.authorize = [&job_tokens](const std::string& token) {
+      return job_tokens.Admit(token, absl::Seconds(3));
+    };
+  }
+  ASSIGN_OR_RETURN(auto server, TeacherServer::Start(launched->runtime(), options));
+  std::cout << "listening on " << server->address() << std::endl;
+  if (!serve.port_file.empty()) {
+    RETURN_IF_ERROR(WriteFileAtomically(serve.port_file, absl::StrCat(server->port(), "\n")));
+  }
+
+  MetricsRegistry metrics;
+  TeacherService::Stats last_stats;
+  metrics.AddCollector([&server, &last_stats](MetricsRegistry& r) {
+    ExportTeacherMetrics(server->service().stats(), last_stats, r);
+  });
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (serve.metrics_port >= 0) {
+    ASSIGN_OR_RETURN(metrics_server,
+                     MetricsHttpServer::Start(
+                         {.host = serve.host, .port = serve.metrics_port, .registry = &metrics}));
+    if (!serve.metrics_port_file.empty()) {
+      RETURN_IF_ERROR(
+          WriteFileAtomically(serve.metrics_port_file, absl::StrCat(metrics_server->port(), "\n")));
+    }
+  }
+
+  if (!serve.coordinator.empty()) {
+    services::RegistrationOptions reg;
+    reg.coordinator = serve.coordinator;
+    ASSIGN_OR_RETURN(reg.token, LoadToken(serve.token_file));
+    reg.tls.ca = serve.tls_ca;
+    std::string host = serve.advertise;
+    if (host.empty()) host = serve.host == "0.0.0.0" ? LocalHostname() : serve.host;
+    const std::string address = absl::StrCat(host, ":", server->port());
+    reg.info.set_name(serve.name.empty() ? address : serve.name);
+    reg.info.set_kind(v1::DAEMON_KIND_TEACHER);
+    reg.info.set_address(address);
+    reg.info.set_host(host);
+    for (absl::string_view device : absl::StrSplit(flags.devices, ',', absl::SkipEmpty())) {
+      reg.info.add_devices(std::string(device));
+    }
+    reg.info.set_model(std::filesystem::absolute(flags.model).lexically_normal().string());
+    reg.info.set_model_name(serve.model_name);
+    reg.on_reply = [&job_tokens](const v1::HeartbeatResponse& reply) { job_tokens.Replace(reply); };
+    ASSIGN_OR_RETURN(registration, services::Registration::Start(std::move(reg)));
+    job_tokens.SetPoke([raw = registration.get()] { raw->Poke(); });
+  }
+
+  const int signal_number = WaitForShutdownSignal();
+  SS_LOG_INFO("serve: {} received; draining streams (deadline {} s)", strsignal(signal_number),
+              serve.shutdown_timeout_s);
+  job_tokens.SetPoke({});
+  registration.reset();
+  metrics_server.reset();  // its collector reads the server
+  server->Shutdown(absl::Seconds(serve.shutdown_timeout_s));
+  server.reset();
+  return launched->Shutdown();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any thread: may re-execute this binary (common/openmp_wait.h).
+  specstream::PreferPassiveOpenMpWait(argv);
+  CLI::App app{"SpecStream teacher: runs the target model and captures EAGLE-3 hidden states"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+
+  InitRandomOptions init;
+  CLI::App* init_cmd = app.add_subcommand("init-random", "Write a random checkpoint in HF layout");
+  init_cmd->add_option("--arch", init.arch, "llama | qwen2 | qwen3 | mistral | qwen3_moe | mixtral")
+      ->required();
+  init_cmd->add_option("--layers", init.layers, "Decoder layers")->required();
+  init_cmd->add_option("--hidden", init.hidden, "Hidden size")->required();
+  init_cmd->add_option("--heads", init.heads, "Attention heads")->required();
+  init_cmd->add_option("--kv-heads", init.kv_heads, "Key/value heads")->required();
+  init_cmd->add_option("--intermediate", init.intermediate, "MLP size")->required();
+  init_cmd->add_option("--vocab", init.vocab, "Vocabulary size")->required();
+  init_cmd->add_option("--shards", init.shards, "Number of safetensors shards");
+  init_cmd->add_option("--seed", init.seed, "Random seed");
+  init_cmd->add_option("--dtype", init.dtype, "float32 | bfloat16");
+  init_cmd->add_flag("--tie-embeddings", init.tie_embeddings, "Share embed_tokens as lm_head");
+  init_cmd->add_option("--head-dim", init.head_dim, "Head dim (default hidden/heads)");
+  init_cmd->add_option("--max-position", init.max_position, "max_position_embeddings");
+  init_cmd->add_option("--rope-theta", init.rope_theta, "RoPE base");
+  init_cmd->add_option("--out", init.out, "Output directory")->required();
+  init_cmd->add_option("--experts", init.experts, "MoE archs: number of experts");
+  init_cmd->add_option("--top-k", init.top_k, "MoE archs: experts per token");
+  init_cmd->add_option("--shared-expert-intermediate", init.shared_expert_intermediate,
+                       "qwen3_moe: size of a shared expert (default none)");
+  init_cmd
+      ->add_option("--mlp-only-layers", init.mlp_only_layers,
+                   "qwen3_moe: layers with a dense MLP instead of experts, e.g. 0,3")
+      ->delimiter(',');
+
+  RuntimeFlags forward_flags;
+  std::string ids;
+  CLI::App* forward_cmd =
+      app.add_subcommand("forward", "Print each captured tensor's shape and checksum");
+  forward_flags.Add(forward_cmd);
+  forward_cmd->add_option("--ids", ids, "Comma-separated token ids")->required();
+
+  RuntimeFlags dump_flags;
+  DumpOptions dump;
+  std::string store_bytes = "512";
+  CLI::App* dump_cmd = app.add_subcommand("dump", "Write the offline store for a dataset");
+  dump_flags.Add(dump_cmd);
+  dump_cmd->add_option("--data", dump.data, "Conversations or pre-tokenized JSON lines")
+      ->required();
+  dump_cmd->add_option("--tokenizer", dump.tokenizer_dir, "Tokenizer directory (conversations)");
+  dump_cmd->add_option("--template", dump.template_name, "Chat template (conversations)");
+  dump_cmd->add_option("--out", dump.out, "Store directory")->required();
+  dump_cmd->add_option("--batch-tokens", dump.batch_tokens, "Padded tokens per forward");
+  dump_cmd->add_option("--max-length", dump.max_length, "Truncate samples (0: model max)");
+  dump_cmd->add_flag("--keep-target-ids", dump.keep_target_ids,
+                     "Store the full-vocab argmax per position");
+  dump_cmd->add_option("--store-dtype", dump.store_dtype,
+                       "bfloat16 | float32 | float16 hidden states");
+  dump_cmd->add_option("--shard-mib", dump.store.max_shard_bytes, "Shard size in MiB")
+      ->transform([](std::string value) {
+        int64_t mib = 0;
+        if (!absl::SimpleAtoi(value, &mib) || mib < 1)
+          throw CLI::ValidationError("--shard-mib", "must be >= 1");
+        return std::to_string(mib << 20);
+      });
+  dump_cmd->add_option("--shard-samples", dump.store.max_shard_samples,
+                       "Samples per shard (0: by size only)");
+
+  RuntimeFlags serve_flags;
+  ServeFlags serve;
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve", "Serve TeacherService (gRPC) until SIGTERM/SIGINT, then drain and exit 0");
+  serve_flags.Add(serve_cmd);
+  serve_cmd->add_option("--host", serve.host, "Listening address (default 127.0.0.1)");
+  serve_cmd->add_option("--port", serve.port, "Listening port; 0 picks a free one")->required();
+  serve_cmd->add_option("--port-file", serve.port_file,
+                        "Write the port (decimal, one line) here once listening, atomically");
+  serve_cmd->add_option("--payload-dtype", serve.payload_dtype,
+                        "bfloat16 | float32 | float16 hidden states (as dump --store-dtype)");
+  serve_cmd->add_flag("--keep-target-ids", serve.keep_target_ids,
+                      "Send the full-vocab argmax per position");
+  serve_cmd->add_option("--max-tokens", serve.max_tokens,
+                        "Longest sample accepted (0: the model's max positions)");
+  serve_cmd->add_option("--batch-tokens", serve.batch_tokens, "Padded tokens per forward");
+  serve_cmd->add_option("--chunk-kib", serve.chunk_kib, "Payload chunk size in KiB");
+  serve_cmd->add_option("--nccl-device", serve.nccl_device,
+                        "CUDA device of TRANSPORT_NCCL payloads: auto (the leader's GPU when "
+                        "serving on CUDA, else device 0 when the build has NCCL and one is "
+                        "visible), none, or an index");
+  serve_cmd->add_option("--nccl-timeout", serve.nccl_timeout_s,
+                        "Seconds an NCCL stream waits for the student to join or receive a "
+                        "payload");
+  serve_cmd->add_option("--shutdown-timeout", serve.shutdown_timeout_s,
+                        "Seconds to finish in-flight samples after SIGTERM/SIGINT");
+  serve_cmd->add_option("--coordinator", serve.coordinator,
+                        "Register with this coordinator (host:port) and serve only its "
+                        "running jobs' tokens");
+  serve_cmd->add_option("--name", serve.name, "Daemon name (default: advertised host:port)");
+  serve_cmd->add_option("--model-name", serve.model_name,
+                        "Short model name jobs may give as model.target");
+  serve_cmd->add_option("--advertise", serve.advertise,
+                        "Host students dial (default: --host; the hostname for 0.0.0.0)");
+  serve_cmd->add_option("--token-file", serve.token_file,
+                        "Coordinator bearer token (else $SPECSTREAM_TOKEN)");
+  serve_cmd->add_option("--tls-ca", serve.tls_ca, "PEM CA to verify a TLS coordinator");
+  serve_cmd->add_option("--metrics-port", serve.metrics_port,
+                        "Prometheus /metrics HTTP port (0: any free one; default off)");
+  serve_cmd->add_option("--metrics-port-file", serve.metrics_port_file,
+                        "Write the metrics port here");
+  bool check_config = false;
+  serve_cmd->add_flag("--check-config", check_config,
+                      "Check the flags (names, values, device names and TP/EP layout; not the "
+                      "model or the devices themselves), print OK and exit");
+
+  WorkerOptions worker;
+  std::string worker_capture;
+  CLI::App* worker_cmd = app.add_subcommand("tp-worker", "(internal) one tensor-parallel rank");
+  worker_cmd->group("");  // hidden from --help
+  worker_cmd->add_option("--runtime", worker.runtime);
+  worker_cmd->add_option("--model", worker.model_dir)->required();
+  worker_cmd->add_option("--dtype", worker.dtype);
+  worker_cmd->add_option("--capture-layers", worker_capture);
+  worker_cmd->add_option("--rank", worker.rank)->required();
+  worker_cmd->add_option("--world-size", worker.world_size)->required();
+  worker_cmd->add_option("--ep", worker.ep_size);
+  worker_cmd->add_option("--master-addr", worker.master_addr);
+  worker_cmd->add_option("--master-port", worker.master_port)->required();
+  worker_cmd->add_option("--device", worker.device);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  LoggingOptions logging;
+  logging.role = "teacher";
+  logging.level = log_level;
+  for (RuntimeFlags* flags : {&forward_flags, &dump_flags, &serve_flags}) {
+    flags->log_level = log_level;
+  }
+  if (*worker_cmd) logging.rank = worker.rank;
+  if (!InitLogging(logging)) {
+    std::cerr << "specstream-teacher: unknown --log-level \"" << log_level << "\"\n";
+    return 2;
+  }
+
+  if (*init_cmd) return ExitCode(WriteRandomCheckpoint(init));
+  if (*forward_cmd) return ExitCode(RunForward(forward_flags, ids));
+  if (*dump_cmd) {
+    auto launched = dump_flags.Launch();
+    if (!launched.ok()) return ExitCode(launched.status());
+    auto summary = RunDump((*launched)->runtime(), dump);
+    absl::Status shutdown = (*launched)->Shutdown();
+    if (!summary.ok()) return ExitCode(summary.status());
+    return ExitCode(shutdown);
+  }
+  if (*serve_cmd && check_config) {
+    absl::StatusOr<std::string> summary = CheckServeConfig(serve_flags, serve);
+    if (!summary.ok()) return ExitCode(summary.status());
+    std::cout << "specstream-teacher serve: configuration OK: " << *summary << "\n";
+    return 0;
+  }
+  if (*serve_cmd) return ExitCode(RunServe(serve_flags, serve));
+  if (*worker_cmd) {
+    auto capture = ParseIntList("--capture-layers", worker_capture);
+    if (!capture.ok()) return ExitCode(capture.status());
+    worker.capture_layer_ids = *capture;
+    return ExitCode(RunTpWorker(worker));
+  }
+  return 2;
+}

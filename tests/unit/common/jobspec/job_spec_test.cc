@@ -1,0 +1,296 @@
+#include "common/jobspec/job_spec.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/testing.h"
+
+namespace specstream::jobspec {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A complete, valid spec; refusal tests edit one line of it.
+constexpr char kValid[] = R"(name: llama-eagle3
+data:
+  store: /data/store
+  max_length: 2048
+model:
+  target: /models/llama
+  draft:
+    draft_vocab_size: 32000
+optimizer:
+  lr: 1.0e-4
+  betas: [0.9, 0.95]
+  weight_decay: 0.0
+  grad_clip: 0.5
+  warmup_ratio: 0.02
+  schedule: cosine
+  min_lr_ratio: 0.1
+training:
+  epochs: 10
+  batch_size: 1
+  ttt_steps: 7
+  seed: 42
+  dtype: bfloat16
+  log_every: 10
+checkpoint:
+  dir: /ckpt
+  every_steps: 1000
+  keep_last: 3
+export:
+  dir: /export
+parallel:
+  cp_size: 2
+  cp_mode: ring
+metrics:
+  jsonl: /logs/metrics.jsonl
+)";
+
+std::string Edit(const std::string& from, const std::string& to) {
+  std::string text = kValid;
+  EXPECT_NE(text.find(from), std::string::npos) << from;
+  return absl::StrReplaceAll(text, {{from, to}});
+}
+
+TEST(JobConfigTest, FullValidExample) {
+  auto spec = ParseJobSpecYaml(kValid);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "llama-eagle3");
+  EXPECT_EQ(spec->data().store(), "/data/store");
+  EXPECT_EQ(spec->data().max_length(), 2048);
+  EXPECT_EQ(spec->model().target(), "/models/llama");
+  EXPECT_EQ(spec->model().draft().draft_vocab_size(), 32000);
+  EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 1e-4);
+  ASSERT_EQ(spec->optimizer().betas_size(), 2);
+  EXPECT_DOUBLE_EQ(spec->optimizer().betas(1), 0.95);
+  EXPECT_DOUBLE_EQ(spec->optimizer().warmup_ratio(), 0.02);
+  EXPECT_EQ(spec->training().epochs(), 10);
+  EXPECT_EQ(spec->training().seed(), 42u);
+  EXPECT_EQ(spec->checkpoint().keep_last(), 3);
+  EXPECT_EQ(spec->parallel().cp_size(), 2);
+  EXPECT_EQ(spec->metrics().jsonl(), "/logs/metrics.jsonl");
+}
+
+TEST(JobConfigTest, CheckedInExampleIsValid) {
+  auto spec = LoadJobSpec(testing::SourceDir() + "/deploy/local/example-job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->model().target().empty());
+}
+
+TEST(JobConfigTest, DefaultsAreFilled) {
+  auto spec = ParseJobSpecYaml(R"(
+data: {store: /s}
+model: {target: /t, draft: {vocab_map: /m.safetensors}}
+optimizer: {lr: 0.001}
+training: {max_steps: 100, batch_tokens: 8192}
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->optimizer().betas_size(), 2);
+  EXPECT_DOUBLE_EQ(spec->optimizer().betas(0), 0.9);
+  EXPECT_DOUBLE_EQ(spec->optimizer().betas(1), 0.95);
+  EXPECT_DOUBLE_EQ(spec->optimizer().eps(), 1e-8);
+  EXPECT_EQ(spec->optimizer().schedule(), "cosine");
+  EXPECT_EQ(spec->training().ttt_steps(), 7);
+  EXPECT_EQ(spec->training().dtype(), "bfloat16");
+  EXPECT_EQ(spec->training().log_every(), 1);
+  EXPECT_EQ(spec->training().device(), "auto");
+  EXPECT_EQ(spec->parallel().cp_size(), 1);
+  EXPECT_EQ(spec->parallel().cp_mode(), "ring");
+  EXPECT_EQ(spec->parallel().rendezvous_timeout_s(), 120);
+  // Validation is idempotent on a valid spec.
+  v1::JobSpec again = *spec;
+  ASSERT_TRUE(ValidateJobSpec(again).ok());
+  EXPECT_EQ(again.SerializeAsString(), spec->SerializeAsString());
+}
+
+TEST(JobConfigTest, UlyssesDegreeDefaultsToCpSizeUnderUlysses) {
+  auto spec = ParseJobSpecYaml(Edit("cp_mode: ring", "cp_mode: ulysses"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parallel().ulysses_degree(), 2);
+  spec = ParseJobSpecYaml(
+      Edit("cp_size: 2\n  cp_mode: ring", "cp_size: 4\n  cp_mode: usp\n  ulysses_degree: 2"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+}
+
+struct Refusal {
+  std::string from;
+  std::string to;
+  std::string field;  // must appear in the message
+};
+
+TEST(JobConfigTest, TrainingDevicesAccepted) {
+  for (const std::string device : {"auto", "cpu", "cuda", "cuda:0", "cuda:12"}) {
+    auto spec =
+        ParseJobSpecYaml(Edit("dtype: bfloat16", "dtype: bfloat16\n  device: \"" + device + "\""));
+    ASSERT_TRUE(spec.ok()) << device << ": " << spec.status();
+    EXPECT_EQ(spec->training().device(), device);
+  }
+}
+
+TEST(JobConfigTest, EveryRefusalNamesItsField) {
+  const std::vector<Refusal> cases = {
+      {"  store: /data/store\n", "", "data.store"},
+      {"  max_length: 2048", "  max_length: -1", "data.max_length"},
+      {"  target: /models/llama\n", "", "model.target"},
+      {"  lr: 1.0e-4", "  lr: 0", "optimizer.lr"},
+      {"  lr: 1.0e-4", "  lr: -0.1", "optimizer.lr"},
+      {"betas: [0.9, 0.95]", "betas: [0.9]", "optimizer.betas"},
+      {"betas: [0.9, 0.95]", "betas: [0.9, 0.95, 0.99]", "optimizer.betas"},
+      {"betas: [0.9, 0.95]", "betas: [0.9, 1.0]", "optimizer.betas[1]"},
+      {"betas: [0.9, 0.95]", "betas: [-0.1, 0.95]", "optimizer.betas[0]"},
+      {"  epochs: 10\n", "", "training.epochs"},
+      {"  epochs: 10\n", "  epochs: 10\n  max_steps: 5\n", "training.max_steps"},
+      {"  epochs: 10\n", "  epochs: -3\n", "training.epochs"},
+      {"  batch_size: 1\n", "", "training.batch_size"},
+      {"  batch_size: 1\n", "  batch_size: 1\n  batch_tokens: 4096\n", "training.batch_tokens"},
+      {"ttt_steps: 7", "ttt_steps: 33", "training.ttt_steps"},
+      {"ttt_steps: 7", "ttt_steps: -1", "training.ttt_steps"},
+      {"dtype: bfloat16", "dtype: float16", "training.dtype"},
+      {"dtype: bfloat16", "dtype: bfloat16\n  device: gpu0", "training.device"},
+      {"dtype: bfloat16", "dtype: bfloat16\n  device: \"cuda:\"", "training.device"},
+      {"dtype: bfloat16", "dtype: bfloat16\n  device: cuda:x1", "training.device"},
+      {"schedule: cosine", "schedule: linear", "optimizer.schedule"},
+      {"warmup_ratio: 0.02", "warmup_ratio: 0.02\n  warmup_steps: 10", "optimizer.warmup_ratio"},
+      {"warmup_ratio: 0.02", "warmup_ratio: 1.0", "optimizer.warmup_ratio"},
+      {"warmup_ratio: 0.02", "warmup_ratio: -0.5", "optimizer.warmup_ratio"},
+      {"min_lr_ratio: 0.1", "min_lr_ratio: 1.5", "optimizer.min_lr_ratio"},
+      {"min_lr_ratio: 0.1", "min_lr_ratio: -0.1", "optimizer.min_lr_ratio"},
+      {"grad_clip: 0.5", "grad_clip: -1", "optimizer.grad_clip"},
+      {"weight_decay: 0.0", "weight_decay: -0.1", "optimizer.weight_decay"},
+      {"every_steps: 1000", "every_steps: -5", "checkpoint.every_steps"},
+      {"  dir: /ckpt\n", "", "checkpoint.every_steps"},
+      {"keep_last: 3", "keep_last: -1", "checkpoint.keep_last"},
+      {"draft_vocab_size: 32000", "draft_vocab_size: -1", "model.draft.draft_vocab_size"},
+      {"draft_vocab_size: 32000", "draft_vocab_size: 32000\n    vocab_map: /m",
+       "model.draft.vocab_map"},
+      {"    draft_vocab_size: 32000\n", "    hidden_size: 64\n", "model.draft.draft_vocab_size"},
+      {"cp_size: 2", "cp_size: -1", "parallel.cp_size"},
+      {"cp_mode: ring", "cp_mode: tree", "parallel.cp_mode"},
+      {"cp_mode: ring", "cp_mode: usp\n  ulysses_degree: 3", "parallel.ulysses_degree"},
+      {"cp_mode: ring", "cp_mode: usp", "parallel.ulysses_degree"},
+      {"cp_mode: ring", "cp_mode: ulysses\n  ulysses_degree: 1", "parallel.ulysses_degree"},
+      {"cp_mode: ring", "cp_mode: ring\n  ulysses_degree: 2", "parallel.ulysses_degree"},
+      {"cp_mode: ring", "cp_mode: ring\n  rendezvous_timeout_s: -1",
+       "parallel.rendezvous_timeout_s"},
+      {"cp_mode: ring", "cp_mode: ring\n  rendezvous_timeout_s: 1e9",
+       "parallel.rendezvous_timeout_s"},
+      // Online data: teachers instead of a store.
+      {"  store: /data/store\n", "  store: /data/store\n  teachers: [\"t:1\"]\n", "data.store"},
+      {"  store: /data/store\n", "  teachers: [\"t:1\"]\n", "data.tokenized"},
+      {"  store: /data/store\n", "  store: /data/store\n  tokenized: /d.jsonl\n", "data.tokenized"},
+      {"  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"t:1\", \"nohost\"]\n",
+       "data.teachers[1]"},
+      {"  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  transport: udp\n",
+       "data.transport"},
+      {"  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  in_flight: -2\n",
+       "data.in_flight"},
+  };
+  for (const Refusal& c : cases) {
+    auto spec = ParseJobSpecYaml(Edit(c.from, c.to));
+    ASSERT_FALSE(spec.ok()) << "accepted: " << c.to;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.field + ":"))
+        << "edit '" << c.from << "' -> '" << c.to << "'";
+  }
+}
+
+TEST(JobConfigTest, OnlineDataFillsDefaults) {
+  auto spec = ParseJobSpecYaml(
+      Edit("  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"a:1\", \"b:2\"]\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().teachers_size(), 2);
+  EXPECT_EQ(spec->data().in_flight(), 8);
+  EXPECT_EQ(spec->data().transport(), "auto");
+}
+
+TEST(JobConfigTest, UnknownKeysAreRefusedByTheSchema) {
+  auto spec = ParseJobSpecYaml(Edit("  ttt_steps: 7", "  ttt_stpes: 7"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("ttt_stpes"));
+
+  spec = ParseJobSpecYaml(std::string(kValid) + "extra_section: {a: 1}\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("extra_section"));
+}
+
+TEST(JobConfigTest, WrongTypesAreRefusedNamingTheField) {
+  for (const auto& [from, to, field] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"epochs: 10", "epochs: ten", "epochs"},
+           {"lr: 1.0e-4", "lr: [1, 2]", "lr"},
+           {"  store: /data/store", "  store: {a: 1}", "store"},
+           {"betas: [0.9, 0.95]", "betas: 0.9", "betas"},
+           {"epochs: 10", "epochs: 1.5", "epochs"},
+       }) {
+    auto spec = ParseJobSpecYaml(Edit(from, to));
+    ASSERT_FALSE(spec.ok()) << "accepted: " << to;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(field)) << spec.status();
+  }
+}
+
+TEST(JobConfigTest, QuotedScalarsStayStrings) {
+  // A quoted number is a string, which an int64 field accepts in proto JSON
+  // only when it is a decimal; a quoted store path that looks numeric stays
+  // a string.
+  auto spec = ParseJobSpecYaml(Edit("store: /data/store", "store: '123'"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().store(), "123");
+  auto json = JobYamlToJson("a: '1'\nb: 1\nc: 1.5\nd: true\ne: ~\nf: inf\ng: 0x10\nh: \"true\"\n");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(*json, R"({"a":"1","b":1,"c":1.5,"d":true,"e":null,"f":"inf","g":"0x10","h":"true"})");
+}
+
+TEST(JobConfigTest, YamlSyntaxErrorsCarryLineNumbers) {
+  auto spec = ParseJobSpecYaml("data:\n  store: /s\nmodel: [unclosed\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("job spec YAML: line "));
+
+  spec = ParseJobSpecYaml("data:\n  store: /s\n   bad: indentation\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("line 3"));
+}
+
+TEST(JobConfigTest, DuplicateKeysAreRefusedWithTheirLine) {
+  auto spec = ParseJobSpecYaml("data:\n  store: /a\n  store: /b\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("line 3"));
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("duplicate key \"data.store\""));
+}
+
+TEST(JobConfigTest, EmptyAndNonMapDocumentsAreRefused) {
+  EXPECT_FALSE(ParseJobSpecYaml("").ok());
+  EXPECT_FALSE(ParseJobSpecYaml("- a\n- b\n").ok());
+  EXPECT_FALSE(ParseJobSpecYaml("just a string").ok());
+}
+
+TEST(JobConfigTest, LoadJobSpecPrefixesThePath) {
+  testing::TempDir dir;
+  std::string path = dir.Join("job.yaml");
+  testing::WriteFile(path, Edit("  lr: 1.0e-4", "  lr: 0"));
+  auto spec = LoadJobSpec(path);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr(path));
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("optimizer.lr"));
+  EXPECT_EQ(LoadJobSpec(dir.Join("missing.yaml")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobConfigTest, FingerprintIsStableAndSensitive) {
+  auto a = ParseJobSpecYaml(kValid);
+  auto b = ParseJobSpecYaml(kValid);
+  auto c = ParseJobSpecYaml(Edit("lr: 1.0e-4", "lr: 2.0e-4"));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(JobSpecFingerprint(*a), JobSpecFingerprint(*b));
+  EXPECT_NE(JobSpecFingerprint(*a), JobSpecFingerprint(*c));
+  EXPECT_EQ(JobSpecFingerprint(*a).size(), 16u);
+}
+
+}  // namespace
+}  // namespace specstream::jobspec

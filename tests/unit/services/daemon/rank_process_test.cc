@@ -1,0 +1,252 @@
+#include "services/daemon/rank_process.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/testing.h"
+
+namespace specstream::services {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+RankProcessOptions Shell(const std::string& script) {
+  RankProcessOptions options;
+  options.argv = {"/bin/sh", "-c", script};
+  options.stop_grace_seconds = 5;
+  return options;
+}
+
+// Waits for the exit (or fails the test after `timeout`).
+std::optional<int> WaitExit(RankProcess& process, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (auto code = process.ExitCode()) return code;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ADD_FAILURE() << "child did not exit within " << timeout;
+  return std::nullopt;
+}
+
+std::vector<std::string> Texts(const RankProcessOutput& output, const std::string& stream) {
+  std::vector<std::string> texts;
+  for (const RankOutputLine& line : output.lines) {
+    if (line.stream == stream) texts.push_back(line.text);
+  }
+  return texts;
+}
+
+void AppendLine(const std::string& path, const std::string& line) {
+  std::ofstream out(path, std::ios::app);
+  out << line << "\n";
+}
+
+TEST(RankProcessTest, CapturesStdoutStderrAndExitCode) {
+  auto process = RankProcess::Start(
+      Shell("echo out-1; echo err-1 >&2; echo out-2; printf 'no-newline' >&2; exit 3"));
+  ASSERT_TRUE(process.ok()) << process.status();
+  EXPECT_GT((*process)->pid(), 0);
+  EXPECT_EQ(WaitExit(**process), 3);
+  RankProcessOutput output = (*process)->TakeOutput();
+  EXPECT_THAT(Texts(output, "stdout"), ElementsAre("out-1", "out-2"));
+  EXPECT_THAT(Texts(output, "stderr"), ElementsAre("err-1", "no-newline"));
+  EXPECT_EQ((*process)->LastStderr(20), "err-1\nno-newline");
+  EXPECT_EQ((*process)->LastStderr(1), "no-newline");
+  // Taken lines are not returned again.
+  EXPECT_TRUE((*process)->TakeOutput().lines.empty());
+}
+
+TEST(RankProcessTest, ExecFailureIsAnErrorNotAnExit) {
+  RankProcessOptions options;
+  options.argv = {"/nonexistent/specstream-student", "train"};
+  auto process = RankProcess::Start(options);
+  ASSERT_FALSE(process.ok());
+  EXPECT_EQ(process.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(process.status().message(), HasSubstr("/nonexistent/specstream-student"));
+}
+
+TEST(RankProcessTest, RejectsRelativeArgv0AndBadEnv) {
+  RankProcessOptions relative;
+  relative.argv = {"sh", "-c", "true"};
+  EXPECT_EQ(RankProcess::Start(relative).status().code(), absl::StatusCode::kInvalidArgument);
+  RankProcessOptions bad_env = Shell("true");
+  bad_env.env = {"NO_EQUALS_SIGN"};
+  EXPECT_EQ(RankProcess::Start(bad_env).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RankProcessTest, TailsOnlyNewMetricsLines) {
+  testing::TempDir dir;
+  const std::string metrics = dir.Join("metrics.jsonl");
+  AppendLine(metrics, R"({"step":1,"old":true})");
+  AppendLine(metrics, R"({"step":2,"old":true})");
+  RankProcessOptions options = Shell(
+      "echo '{\"step\":3}' >> \"$METRICS\"; sleep 0.3; echo '{\"step\":4}' >> \"$METRICS\"; "
+      "exit 0");
+  options.env = {"METRICS=" + metrics};
+  options.metrics_jsonl = metrics;
+  auto process = RankProcess::Start(options);
+  ASSERT_TRUE(process.ok()) << process.status();
+  EXPECT_EQ(WaitExit(**process), 0);
+  EXPECT_THAT((*process)->TakeOutput().metrics, ElementsAre(R"({"step":3})", R"({"step":4})"));
+}
+
+TEST(RankProcessTest, TailsAMetricsFileCreatedAfterStart) {
+  testing::TempDir dir;
+  const std::string metrics = dir.Join("later.jsonl");
+  RankProcessOptions options =
+      Shell("sleep 0.3; echo '{\"step\":1}' > \"$METRICS\"; echo '{\"step\":2}' >> \"$METRICS\"");
+  options.env = {"METRICS=" + metrics};
+  options.metrics_jsonl = metrics;
+  auto process = RankProcess::Start(options);
+  ASSERT_TRUE(process.ok()) << process.status();
+  // While it runs, the poller picks lines up without waiting for the exit.
+  std::vector<std::string> seen;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (seen.size() < 2 && absl::Now() < deadline) {
+    for (std::string& line : (*process)->TakeOutput().metrics) seen.push_back(std::move(line));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_THAT(seen, ElementsAre(R"({"step":1})", R"({"step":2})"));
+  EXPECT_EQ(WaitExit(**process), 0);
+}
+
+TEST(RankProcessTest, StopTerminatesPromptly) {
+  auto process = RankProcess::Start(Shell("exec sleep 100"));
+  ASSERT_TRUE(process.ok()) << process.status();
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE((*process)->ExitCode().has_value());
+  const absl::Time start = absl::Now();
+  (*process)->Stop();
+  EXPECT_TRUE((*process)->stopping());
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));  // non-blocking
+  EXPECT_EQ(WaitExit(**process, absl::Seconds(3)), 143);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(RankProcessTest, StopReachesTheWholeProcessGroup) {
+  // The shell waits for its child `sleep`: SIGTERM must reach the sleep too,
+  // else the shell (which defers the trap while waiting) lingers.
+  auto process = RankProcess::Start(Shell("sleep 100; echo after"));
+  ASSERT_TRUE(process.ok()) << process.status();
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  (*process)->Stop();
+  const std::optional<int> code = WaitExit(**process, absl::Seconds(4));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_NE(*code, 137) << "needed SIGKILL";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(RankProcessTest, KillsAChildIgnoringSigtermAfterTheGrace) {
+  RankProcessOptions options = Shell("trap '' TERM; echo ready; while :; do sleep 0.05; done");
+  options.stop_grace_seconds = 0.5;
+  auto process = RankProcess::Start(options);
+  ASSERT_TRUE(process.ok()) << process.status();
+  // Wait until the trap is installed.
+  const absl::Time ready_deadline = absl::Now() + absl::Seconds(5);
+  bool ready = false;
+  while (!ready && absl::Now() < ready_deadline) {
+    for (const auto& line : (*process)->TakeOutput().lines) ready |= line.text == "ready";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(ready);
+  const absl::Time start = absl::Now();
+  (*process)->Stop();
+  (*process)->Stop();  // a second call changes nothing
+  absl::SleepFor(absl::Milliseconds(250));
+  EXPECT_FALSE((*process)->ExitCode().has_value()) << "SIGTERM should have been ignored";
+  EXPECT_EQ(WaitExit(**process, absl::Seconds(5)), 137);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(450));
+  EXPECT_LT(took, absl::Seconds(3));
+}
+
+TEST(RankProcessTest, EnvOverridesReplaceInheritedValues) {
+  setenv("SPECSTREAM_RANK_PROCESS_TEST_INHERITED", "parent", 1);
+  setenv("SPECSTREAM_RANK_PROCESS_TEST_OVERRIDDEN", "parent", 1);
+  RankProcessOptions options = Shell(
+      "echo \"inherited=$SPECSTREAM_RANK_PROCESS_TEST_INHERITED\"; "
+      "echo \"overridden=$SPECSTREAM_RANK_PROCESS_TEST_OVERRIDDEN\"; "
+      "echo \"rank=$RANK\"; env | grep -c '^SPECSTREAM_RANK_PROCESS_TEST_OVERRIDDEN='");
+  options.env = {"SPECSTREAM_RANK_PROCESS_TEST_OVERRIDDEN=child", "RANK=7"};
+  auto process = RankProcess::Start(options);
+  ASSERT_TRUE(process.ok()) << process.status();
+  EXPECT_EQ(WaitExit(**process), 0);
+  EXPECT_THAT(Texts((*process)->TakeOutput(), "stdout"),
+              ElementsAre("inherited=parent", "overridden=child", "rank=7", "1"));
+  unsetenv("SPECSTREAM_RANK_PROCESS_TEST_INHERITED");
+  unsetenv("SPECSTREAM_RANK_PROCESS_TEST_OVERRIDDEN");
+}
+
+TEST(RankProcessTest, WorkingDirectory) {
+  testing::TempDir dir;
+  RankProcessOptions options = Shell("pwd -P");
+  options.working_directory = dir.path();
+  auto process = RankProcess::Start(options);
+  ASSERT_TRUE(process.ok()) << process.status();
+  EXPECT_EQ(WaitExit(**process), 0);
+  const std::vector<std::string> out = Texts((*process)->TakeOutput(), "stdout");
+  ASSERT_EQ(out.size(), 1u);
+  char resolved[4096];
+  ASSERT_NE(realpath(dir.path().c_str(), resolved), nullptr);
+  EXPECT_EQ(out[0], resolved);
+}
+
+TEST(RankProcessTest, BoundsBufferedLinesDroppingTheOldest) {
+  RankProcessOptions options =
+      Shell("i=1; while [ $i -le 100 ]; do echo line-$i; i=$((i+1)); done");
+  options.max_buffered_lines = 10;
+  auto process = RankProcess::Start(options);
+  ASSERT_TRUE(process.ok()) << process.status();
+  EXPECT_EQ(WaitExit(**process), 0);
+  RankProcessOutput output = (*process)->TakeOutput();
+  ASSERT_EQ(output.lines.size(), 11u);
+  EXPECT_EQ(output.lines[0].stream, "daemon");
+  EXPECT_THAT(output.lines[0].text, HasSubstr("90 earlier output lines dropped"));
+  EXPECT_EQ(output.lines[1].text, "line-91");
+  EXPECT_EQ(output.lines[10].text, "line-100");
+  // The marker is reported once.
+  EXPECT_TRUE((*process)->TakeOutput().lines.empty());
+}
+
+TEST(RankProcessTest, SplitsOverlongLinesAndRepairsUtf8) {
+  RankProcessOptions options = Shell("printf 'abcdefghij\\n'; printf 'bad \\377 byte\\n'");
+  options.max_line_bytes = 4;
+  auto process = RankProcess::Start(options);
+  ASSERT_TRUE(process.ok()) << process.status();
+  EXPECT_EQ(WaitExit(**process), 0);
+  const std::vector<std::string> out = Texts((*process)->TakeOutput(), "stdout");
+  ASSERT_GE(out.size(), 3u);
+  EXPECT_EQ(out[0], "abcd");
+  EXPECT_EQ(out[1], "efgh");
+  EXPECT_EQ(out[2], "ij");
+  for (const std::string& line : out) {
+    EXPECT_EQ(line.find('\xff'), std::string::npos) << line;
+  }
+}
+
+TEST(RankProcessTest, DestructorStopsAndReaps) {
+  pid_t pid = 0;
+  const absl::Time start = absl::Now();
+  {
+    auto process = RankProcess::Start(Shell("exec sleep 100"));
+    ASSERT_TRUE(process.ok()) << process.status();
+    pid = (*process)->pid();
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  // Reaped: the pid no longer names our child.
+  EXPECT_NE(kill(pid, 0), 0);
+}
+
+}  // namespace
+}  // namespace specstream::services
