@@ -178,7 +178,7 @@ struct ServeFlags {
 
 // Prometheus gauges and counters from the service's stats, refreshed at each
 // scrape.
-void ExportTeacherMetrics(const TeacherService::Stats& stats, TeacherService::Stats& last,
+void ExportTeacherMetrics(const TeacherCore::Stats& stats, TeacherCore::Stats& last,
                           MetricsRegistry& registry) {
   registry.AddCounter("specstream_teacher_streams_total", "Sample streams accepted", {},
                       static_cast<double>(stats.streams - last.streams));
@@ -220,7 +220,7 @@ absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& 
     return -1;
 #endif
   }
-  return ParseNcclDeviceIndex(value);  // TeacherService::Create checks that it exists
+  return ParseNcclDeviceIndex(value);  // TeacherCore::Create checks that it exists
 }
 
 // Everything serve's flags say that can be checked before the model loads
@@ -259,7 +259,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   RETURN_IF_ERROR(InstallShutdownSignals());
 
   ASSIGN_OR_RETURN(auto launched, flags.Launch());
-  TeacherServerOptions options;
+  services::TeacherServerOptions options;
   options.host = serve.host;
   options.port = serve.port;
   options.service.payload_dtype = serve.payload_dtype;
@@ -276,16 +276,16 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
       return job_tokens.Admit(token, absl::Seconds(3));
     };
   }
-  ASSIGN_OR_RETURN(auto server, TeacherServer::Start(launched->runtime(), options));
+  ASSIGN_OR_RETURN(auto server, services::TeacherServer::Start(launched->runtime(), options));
   std::cout << "listening on " << server->address() << std::endl;
   if (!serve.port_file.empty()) {
     RETURN_IF_ERROR(WriteFileAtomically(serve.port_file, absl::StrCat(server->port(), "\n")));
   }
 
   MetricsRegistry metrics;
-  TeacherService::Stats last_stats;
+  TeacherCore::Stats last_stats;
   metrics.AddCollector([&server, &last_stats](MetricsRegistry& r) {
-    ExportTeacherMetrics(server->service().stats(), last_stats, r);
+    ExportTeacherMetrics(server->core().stats(), last_stats, r);
   });
   std::unique_ptr<MetricsHttpServer> metrics_server;
   if (serve.metrics_port >= 0) {

@@ -133,10 +133,10 @@ class StoreReplayRuntime final : public specstream::teacher::TargetRuntime {
 // Online tokens/s from a TeacherServer over `target` with `transport`, or -1.
 double TrainOnline(specstream::teacher::TargetRuntime& target, const std::string& dir,
                    const std::string& transport, int64_t steps) {
-  specstream::teacher::TeacherServerOptions server_options;
+  specstream::services::TeacherServerOptions server_options;
   server_options.service.payload_dtype = "bfloat16";
   server_options.service.keep_target_ids = true;
-  auto server = specstream::teacher::TeacherServer::Start(target, server_options);
+  auto server = specstream::services::TeacherServer::Start(target, server_options);
   if (!server.ok()) {
     std::fprintf(stderr, "online_bench: %s\n", server.status().ToString().c_str());
     return -1;

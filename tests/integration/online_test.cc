@@ -79,7 +79,7 @@ class OnlineTest : public ::testing::Test {
   // sequence per forward (like the store's dump).
   struct Teacher {
     std::unique_ptr<teacher::HfRuntime> runtime;
-    std::unique_ptr<teacher::TeacherServer> server;
+    std::unique_ptr<services::TeacherServer> server;
   };
   // `nccl_device` >= 0 offers NCCL on that device; `test_channel` offers it
   // over an in-process channel instead (tests/testing/loopback_channel.h).
@@ -87,14 +87,14 @@ class OnlineTest : public ::testing::Test {
                               int nccl_device = -1, PayloadChannelJoin test_channel = nullptr) {
     Teacher t;
     t.runtime = Runtime();
-    teacher::TeacherServerOptions options;
+    services::TeacherServerOptions options;
     options.service.nccl_device = nccl_device;
     options.service.nccl_channel_for_testing = std::move(test_channel);
     options.service.payload_dtype = "float32";
     options.service.keep_target_ids = true;
     options.service.max_batch_tokens = 1;
     options.service.corrupt_payload_for_testing = std::move(corrupt);
-    auto server = teacher::TeacherServer::Start(*t.runtime, options);
+    auto server = services::TeacherServer::Start(*t.runtime, options);
     EXPECT_TRUE(server.ok()) << server.status();
     if (server.ok()) t.server = std::move(*server);
     return t;

@@ -35,6 +35,9 @@
 namespace specstream::teacher {
 namespace {
 
+using services::kTeacherServiceName;
+using services::TeacherServer;
+using services::TeacherServerOptions;
 using v1::StreamRequest;
 using v1::StreamResponse;
 
@@ -362,7 +365,7 @@ class TeacherServiceTest : public ::testing::Test {
     server_ = *std::move(server);
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(
-        static_cast<int>(server_->service().description().max_message_bytes()));
+        static_cast<int>(server_->core().description().max_message_bytes()));
     channel_ =
         grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args);
     stub_ = v1::TeacherService::NewStub(channel_);
@@ -461,7 +464,7 @@ TEST_F(TeacherServiceTest, NcclDeviceIsCheckedAndAdvertised) {
   server_options.service.nccl_device = 0;
   auto server = TeacherServer::Start(*recording_, server_options);
   ASSERT_TRUE(server.ok()) << server.status();
-  const auto& transports = (*server)->service().description().transports();
+  const auto& transports = (*server)->core().description().transports();
   EXPECT_EQ(transports.Get(transports.size() - 1), v1::TRANSPORT_NCCL);
 #else
   server_options.service.nccl_device = 0;
@@ -483,7 +486,7 @@ TEST_F(TeacherServiceTest, NcclOpenAnswersOnlyAfterTheJoin) {
   options.nccl_channel_for_testing = channel.join;
   options.nccl_timeout = absl::Seconds(1);
   StartServer(options);
-  EXPECT_EQ(server_->service().description().transports(2), v1::TRANSPORT_NCCL);
+  EXPECT_EQ(server_->core().description().transports(2), v1::TRANSPORT_NCCL);
   auto open_nccl = [&](TestStream& stream, const std::string& id) {
     StreamRequest request;
     request.mutable_open()->set_transport(v1::TRANSPORT_NCCL);
@@ -855,8 +858,8 @@ TEST_F(TeacherServiceTest, EightConcurrentStreamsAllComplete) {
     EXPECT_EQ(failures[k], "") << "stream " << k;
     EXPECT_EQ(received[k], kSamples) << "stream " << k;
   }
-  EXPECT_EQ(server_->service().stats().samples_sent, kStreams * kSamples);
-  EXPECT_EQ(server_->service().stats().streams, kStreams);
+  EXPECT_EQ(server_->core().stats().samples_sent, kStreams * kSamples);
+  EXPECT_EQ(server_->core().stats().streams, kStreams);
 }
 
 TEST_F(TeacherServiceTest, CorruptionHookMakesTheStudentsCrcCheckFail) {

@@ -1,0 +1,220 @@
+#include "teacher/compute_batcher.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/torch/device_checksum.h"
+#include "common/torch/tensor_util.h"
+#include "common/transport/contract.h"
+#include "teacher/sample_request.h"
+#include "teacher/sample_tensors.h"
+#include "teacher/target_runtime.h"
+
+namespace specstream::teacher {
+namespace {
+
+using SampleRequest = v1::StreamRequest::SampleRequest;
+
+// Host segments of `tensors` (contract order), owned by the tensors.
+PayloadBytes HostBytes(std::vector<NamedTensor> tensors) {
+  auto owner = std::make_shared<std::vector<NamedTensor>>(std::move(tensors));
+  std::vector<absl::string_view> segments;
+  for (const NamedTensor& t : *owner) {
+    segments.emplace_back(static_cast<const char*>(t.tensor.data_ptr()), t.tensor.nbytes());
+  }
+  return PayloadBytes(segments, std::move(owner));
+}
+
+// One packed tensor's bytes where it lies.
+PayloadBytes PackedBytes(torch::Tensor packed) {
+  auto owner = std::make_shared<torch::Tensor>(std::move(packed));
+  const void* data = owner->data_ptr();
+  const auto size = static_cast<uint64_t>(owner->numel());
+  if (owner->is_cuda()) return PayloadBytes::OnDevice(data, size, std::move(owner));
+  return PayloadBytes({absl::string_view(static_cast<const char*>(data), size)}, std::move(owner));
+}
+
+}  // namespace
+
+ComputeBatcher::ComputeBatcher(TargetRuntime& runtime, ComputeBatcherOptions options)
+    : runtime_(runtime), options_(std::move(options)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ComputeBatcher::~ComputeBatcher() { Stop(); }
+
+void ComputeBatcher::Enqueue(ComputeJob job) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(job));
+}
+
+void ComputeBatcher::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  std::deque<ComputeJob> dropped;  // released outside the lock
+  absl::MutexLock lock(&mu_);
+  dropped.swap(queue_);
+}
+
+int64_t ComputeBatcher::forward_calls() const {
+  absl::MutexLock lock(&mu_);
+  return forward_calls_;
+}
+
+void ComputeBatcher::Loop() {
+  while (true) {
+    std::deque<ComputeJob> batch;
+    std::vector<ComputeJob> dropped;  // jobs of ended sinks, released outside the lock
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&wake));
+      if (stopping_) return;
+      // FIFO across sinks; a batch grows while its padded size (count x
+      // longest) stays within max_batch_tokens.
+      int64_t longest = 0;
+      while (!queue_.empty()) {
+        ComputeJob& job = queue_.front();
+        if (job.sink->ended()) {
+          dropped.push_back(std::move(job));
+          queue_.pop_front();
+          continue;
+        }
+        const int64_t len = std::max<int64_t>(longest, job.request.token_ids_size());
+        if (!batch.empty() &&
+            len * static_cast<int64_t>(batch.size() + 1) > options_.max_batch_tokens) {
+          break;
+        }
+        longest = len;
+        batch.push_back(std::move(job));
+        queue_.pop_front();
+      }
+    }
+    if (!batch.empty()) RunBatch(batch);
+  }
+}
+
+void ComputeBatcher::RunBatch(std::deque<ComputeJob>& batch) {
+  ForwardRequest request;
+  request.want_target_ids = options_.keep_target_ids;
+  for (const ComputeJob& job : batch) {
+    request.sequences.emplace_back(job.request.token_ids().begin(), job.request.token_ids().end());
+  }
+  absl::StatusOr<std::vector<SequenceCapture>> captures = runtime_.Forward(request);
+  {
+    absl::MutexLock lock(&mu_);
+    ++forward_calls_;
+  }
+  if (!captures.ok()) {
+    if (batch.size() > 1) {
+      // One sample may be what failed: retry each alone so the others live.
+      for (ComputeJob& job : batch) {
+        std::deque<ComputeJob> one;
+        one.push_back(std::move(job));
+        RunBatch(one);
+      }
+      return;
+    }
+    SS_LOG_WARN("teacher forward failed for request {}: {}", batch[0].request.request_id(),
+                captures.status().ToString());
+    batch[0].sink->Deliver(batch[0].request.request_id(),
+                           Annotate(captures.status(), "teacher forward"));
+    return;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].sink->Deliver(
+        batch[i].request.request_id(),
+        BuildSample(batch[i].request, (*captures)[i], batch[i].packed_on_device));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const ReadySample>> ComputeBatcher::BuildSample(
+    const SampleRequest& request, const SequenceCapture& capture, bool packed_on_device) {
+  const auto [row_begin, row_end] = RequestRows(request);
+  SampleTensorsOptions tensor_options;
+  tensor_options.hidden_dtype = options_.payload_dtype;
+  tensor_options.keep_target_ids = options_.keep_target_ids;
+  tensor_options.on_capture_device = packed_on_device;
+  const std::string& mask = request.loss_mask();
+  ASSIGN_OR_RETURN(
+      std::vector<NamedTensor> tensors,
+      SampleTensors(absl::MakeConstSpan(request.token_ids().data(), request.token_ids_size()),
+                    absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(mask.data()), mask.size()),
+                    capture, tensor_options, row_begin, row_end));
+  auto sample = std::make_shared<ReadySample>();
+  sample->request_id = request.request_id();
+  sample->sample_id = request.sample_id();
+  sample->row_begin = row_begin;
+  sample->row_end = row_end;
+
+  if (!packed_on_device) {
+    std::vector<PayloadTensor> views;
+    for (const NamedTensor& t : tensors) {
+      ASSIGN_OR_RETURN(DType dtype, FromTorchDtype(t.tensor.scalar_type()));
+      views.push_back(
+          {t.name, dtype, ShapeOf(t.tensor),
+           absl::string_view(static_cast<const char*>(t.tensor.data_ptr()), t.tensor.nbytes())});
+    }
+    ASSIGN_OR_RETURN(sample->contract, MakeContract(views));
+    if (options_.corrupt_payload_for_testing) {
+      auto packed = std::make_shared<std::string>(sample->contract.payload_bytes(), '\0');
+      RETURN_IF_ERROR(PackPayload(views, absl::MakeSpan(*packed)));
+      options_.corrupt_payload_for_testing(request.sample_id(), *packed);
+      if (packed->size() != sample->contract.payload_bytes()) {
+        return absl::InternalError("corrupt_payload_for_testing changed the payload's length");
+      }
+      sample->bytes = PayloadBytes({absl::string_view(*packed)}, packed);
+    } else {
+      sample->bytes = HostBytes(std::move(tensors));
+    }
+    return sample;
+  }
+
+  // One packed buffer where the tensors are (the GPU the target computes
+  // on, or the host), sent as it is: on a GPU it never visits the host.
+  std::vector<PayloadTensorLayout> layouts;
+  std::vector<torch::Tensor> parts;
+  for (const NamedTensor& t : tensors) {
+    ASSIGN_OR_RETURN(DType dtype, FromTorchDtype(t.tensor.scalar_type()));
+    layouts.push_back({t.name, dtype, ShapeOf(t.tensor)});
+    parts.push_back(t.tensor.contiguous().view(-1).view(torch::kUInt8));
+  }
+  int64_t checksum = 0;
+  torch::Tensor packed;
+  RETURN_IF_ERROR(CatchTorch("nccl payload", [&] {
+    packed = torch::cat(parts);
+    if (packed.is_cuda() && packed.device().index() != options_.nccl_device) {
+      packed = packed.to(torch::Device(torch::kCUDA, options_.nccl_device));
+    }
+    if (options_.corrupt_payload_for_testing) {
+      torch::Tensor host = packed.to(torch::kCPU).contiguous();
+      std::string bytes(static_cast<const char*>(host.data_ptr()), host.numel());
+      // The checksum is of the bytes before the test changed them.
+      checksum = static_cast<int64_t>(DeviceChecksumOf(bytes));
+      options_.corrupt_payload_for_testing(request.sample_id(), bytes);
+      TORCH_CHECK(bytes.size() == static_cast<size_t>(packed.numel()),
+                  "corrupt_payload_for_testing changed the payload's length");
+      packed = torch::from_blob(bytes.data(), {packed.numel()}, torch::kUInt8)
+                   .to(packed.device(), /*non_blocking=*/false, /*copy=*/true);
+      return;
+    }
+    // Reading the checksum waits for the forward's kernels, so the payload
+    // is complete before the stream's payload thread sends it from another
+    // CUDA stream.
+    checksum = DeviceChecksum(packed).item<int64_t>();
+  }));
+  if (!packed.defined()) return absl::InternalError("nccl payload: nothing packed");
+  ASSIGN_OR_RETURN(sample->contract, MakeDeviceContract(layouts, static_cast<uint64_t>(checksum)));
+  sample->bytes = PackedBytes(std::move(packed));
+  return sample;
+}
+
+}  // namespace specstream::teacher

@@ -1,0 +1,113 @@
+// The teacher's compute thread: it owns the target runtime
+// (TargetRuntime::Forward is single-threaded), batches the sample requests of
+// every stream into Forward calls of at most max_batch_tokens padded tokens,
+// turns each capture into its payload (teacher/sample_tensors.h: the same
+// tensors, names and dtypes as `dump` stores, with their contract) and hands
+// it back to the stream that asked.
+//
+// Thread-safety: Enqueue and Stop may be called from any thread; sinks are
+// called on the compute thread, never under the batcher's lock.
+#ifndef SPECSTREAM_TEACHER_COMPUTE_BATCHER_H_
+#define SPECSTREAM_TEACHER_COMPUTE_BATCHER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/dtype.h"
+#include "common/transport/payload_sender.h"
+#include "specstream/v1/teacher.pb.h"
+#include "specstream/v1/tensor.pb.h"
+
+namespace specstream::teacher {
+
+class TargetRuntime;
+struct SequenceCapture;
+
+// A computed sample, immutable once built; shared by the stream that sends
+// it and by whatever still references its bytes (gRPC's zero-copy slices).
+struct ReadySample {
+  uint64_t request_id = 0;
+  int64_t sample_id = 0;
+  int64_t row_begin = 0;  // rows [row_begin, row_end) of the whole sample
+  int64_t row_end = 0;
+  v1::TensorContract contract;
+  // Host segments with a CRC32C in the contract, or (packed_on_device jobs)
+  // one packed buffer with a device checksum: on the NCCL device when the
+  // target computes on a GPU, else on the host.
+  PayloadBytes bytes;
+};
+
+// Whoever waits for samples (a stream session).
+class SampleSink {
+ public:
+  virtual ~SampleSink() = default;
+  // Lock-free: true once the sink takes nothing more (its jobs are skipped).
+  virtual bool ended() const = 0;
+  // The sample for `request_id`, or why it could not be computed.
+  virtual void Deliver(uint64_t request_id,
+                       absl::StatusOr<std::shared_ptr<const ReadySample>> sample) = 0;
+};
+
+struct ComputeJob {
+  std::shared_ptr<SampleSink> sink;
+  v1::StreamRequest::SampleRequest request;
+  // The payload is one packed buffer with a device checksum (NCCL streams).
+  bool packed_on_device = false;
+};
+
+struct ComputeBatcherOptions {
+  DType payload_dtype = DType::kBF16;  // aux_hidden / last_hidden in payloads
+  bool keep_target_ids = false;        // send target_ids in every payload
+  int64_t max_batch_tokens = 8192;     // padded tokens per Forward call (>= 1)
+  int nccl_device = -1;                // where packed device payloads go
+  // TeacherServiceOptions::corrupt_payload_for_testing (tests only).
+  std::function<void(int64_t sample_id, std::string& payload)> corrupt_payload_for_testing;
+};
+
+class ComputeBatcher final {
+ public:
+  // Starts the compute thread; `runtime` is used only from it from now on
+  // and must outlive the batcher.
+  ComputeBatcher(TargetRuntime& runtime, ComputeBatcherOptions options);
+  // Stop().
+  ~ComputeBatcher();
+  ComputeBatcher(const ComputeBatcher&) = delete;
+  ComputeBatcher& operator=(const ComputeBatcher&) = delete;
+
+  // Queues a job (FIFO across sinks).
+  void Enqueue(ComputeJob job);
+  // Stops the compute thread after its current batch; jobs still queued are
+  // dropped. Idempotent.
+  void Stop();
+  // Runtime Forward calls so far.
+  int64_t forward_calls() const;
+
+ private:
+  void Loop();
+  // Runs `batch` through the runtime and hands each result to its sink; a
+  // failed batch of several is retried one sample at a time, so one bad
+  // sample fails alone.
+  void RunBatch(std::deque<ComputeJob>& batch);
+  absl::StatusOr<std::shared_ptr<const ReadySample>> BuildSample(
+      const v1::StreamRequest::SampleRequest& request, const SequenceCapture& capture,
+      bool packed_on_device);
+
+  TargetRuntime& runtime_;
+  const ComputeBatcherOptions options_;
+  mutable absl::Mutex mu_;
+  std::deque<ComputeJob> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t forward_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace specstream::teacher
+
+#endif  // SPECSTREAM_TEACHER_COMPUTE_BATCHER_H_

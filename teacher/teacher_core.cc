@@ -1,0 +1,223 @@
+#include "teacher/teacher_core.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/dtype.h"
+#include "common/host.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/transport/contract.h"
+#include "common/transport/framing.h"
+#if SPECSTREAM_WITH_NCCL
+#include "common/transport/nccl_channel.h"
+#include "common/transport/nccl_util.h"
+#endif
+#include "teacher/sample_tensors.h"
+#include "teacher/target_runtime.h"
+
+namespace specstream::teacher {
+namespace {
+
+// Bound on every StreamResponse that is not a payload chunk: Opened, a
+// SampleHeader (a contract of at most five tensors is a few hundred bytes)
+// and SampleError (messages are cut to 4 KiB).
+constexpr uint64_t kMaxControlMessageBytes = 64 << 10;
+
+absl::Status ValidateOptions(const TeacherServiceOptions& options) {
+  if (options.max_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens: ", options.max_tokens, " < 0"));
+  }
+  if (options.chunk_bytes < kMinChunkBytes || options.chunk_bytes > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk_bytes: %d not in [%d, %d]", options.chunk_bytes, kMinChunkBytes, kMaxChunkBytes));
+  }
+  if (options.max_batch_tokens < 1) {
+    return absl::InvalidArgumentError("max_batch_tokens: must be >= 1");
+  }
+  if (options.max_samples_per_stream < 1) {
+    return absl::InvalidArgumentError("max_samples_per_stream: must be >= 1");
+  }
+  if (options.max_queued_requests < 1) {
+    return absl::InvalidArgumentError("max_queued_requests: must be >= 1");
+  }
+  if (options.shm_space_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("shm_space_timeout: must be > 0");
+  }
+  if (options.nccl_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("nccl_timeout: must be > 0");
+  }
+  if (options.nccl_device >= 0) {
+#if SPECSTREAM_WITH_NCCL
+    const int devices = CudaDeviceCount();
+    if (options.nccl_device >= devices) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "nccl_device: CUDA device %d, but %d are visible", options.nccl_device, devices));
+    }
+#else
+    return absl::InvalidArgumentError(
+        "nccl_device: this teacher was built without NCCL (SPECSTREAM_WITH_NCCL=0)");
+#endif
+  }
+  return absl::OkStatus();
+}
+
+// How this teacher joins NCCL payload channels (rank 0): the test channel
+// when set, NCCL when built with it and given a device, else none.
+PayloadChannelJoin NcclJoin(const TeacherServiceOptions& options) {
+  if (options.nccl_channel_for_testing) return options.nccl_channel_for_testing;
+#if SPECSTREAM_WITH_NCCL
+  if (options.nccl_device >= 0) {
+    return [](absl::string_view id, PayloadChannelOptions channel) {
+      return JoinNcclChannel(id, std::move(channel));
+    };
+  }
+#endif
+  return nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TeacherCore>> TeacherCore::Create(TargetRuntime& runtime,
+                                                                 TeacherServiceOptions options) {
+  const ModelDescription& model = runtime.Describe();
+  ASSIGN_OR_RETURN(DType payload_dtype, ParseHiddenDType("payload_dtype", options.payload_dtype));
+  RETURN_IF_ERROR(ValidateOptions(options));
+  int64_t max_tokens = options.max_tokens;
+  if (max_tokens == 0) {
+    if (model.max_position_embeddings <= 0) {
+      return absl::InvalidArgumentError(
+          "max_tokens: the model has no max_position_embeddings; set max_tokens");
+    }
+    max_tokens = model.max_position_embeddings;
+  } else if (model.max_position_embeddings > 0 && max_tokens > model.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens: ", max_tokens,
+                                                   " is over the model's max_position_embeddings ",
+                                                   model.max_position_embeddings));
+  }
+
+  std::unique_ptr<TeacherCore> core(new TeacherCore(std::move(options)));
+  const TeacherServiceOptions& o = core->options_;
+  core->max_tokens_ = max_tokens;
+  v1::DescribeResponse& d = core->description_;
+  d.set_model_type(model.model_type);
+  d.set_hidden_size(model.hidden_size);
+  d.set_vocab_size(model.vocab_size);
+  d.set_num_layers(model.num_layers);
+  for (int id : model.capture_layer_ids) d.add_capture_layer_ids(id);
+  d.set_dtype(ToProtoDType(payload_dtype));
+  d.set_max_tokens(max_tokens);
+  d.add_transports(v1::TRANSPORT_INLINE);
+  d.set_hostname(LocalHostname());
+  d.set_boot_id(LocalBootId());
+  // Without a boot id a student could not tell that it shares the host.
+  if (!d.boot_id().empty() && !d.hostname().empty()) d.add_transports(v1::TRANSPORT_SHM);
+  if (core->offers_nccl()) d.add_transports(v1::TRANSPORT_NCCL);
+  d.set_max_message_bytes(static_cast<int64_t>(
+      std::max<uint64_t>(o.chunk_bytes + kMaxChunkHeaderBytes, kMaxControlMessageBytes)));
+
+  ComputeBatcherOptions batcher;
+  batcher.payload_dtype = payload_dtype;
+  batcher.keep_target_ids = o.keep_target_ids;
+  batcher.max_batch_tokens = o.max_batch_tokens;
+  batcher.nccl_device = o.nccl_device;
+  batcher.corrupt_payload_for_testing = o.corrupt_payload_for_testing;
+  core->batcher_ = std::make_unique<ComputeBatcher>(runtime, std::move(batcher));
+
+  StreamSessionConfig& s = core->session_config_;
+  s.payload_dtype = d.dtype();
+  s.max_tokens = max_tokens;
+  s.vocab_size = model.vocab_size;
+  s.max_samples_per_stream = o.max_samples_per_stream;
+  s.max_queued_requests = o.max_queued_requests;
+  s.sender.chunk_bytes = o.chunk_bytes;
+  s.sender.shm_space_timeout = o.shm_space_timeout;
+  s.sender.nccl_device = o.nccl_device;
+  s.sender.nccl_timeout = o.nccl_timeout;
+  s.sender.nccl_join = NcclJoin(o);
+  s.sender.built_with_nccl = SPECSTREAM_WITH_NCCL;
+  s.batcher = core->batcher_.get();
+  TeacherCore* raw = core.get();
+  s.on_sample_sent = [raw] {
+    absl::MutexLock lock(&raw->stats_mu_);
+    ++raw->stats_.samples_sent;
+  };
+  s.on_sample_error = [raw] {
+    absl::MutexLock lock(&raw->stats_mu_);
+    ++raw->stats_.sample_errors;
+  };
+  SS_LOG_INFO("teacher service: {} (hidden {}, vocab {}), payload {}, max_tokens {}",
+              model.model_type, model.hidden_size, model.vocab_size,
+              std::string(DTypeName(payload_dtype)), max_tokens);
+  return core;
+}
+
+TeacherCore::~TeacherCore() { Stop(); }
+
+bool TeacherCore::offers_nccl() const {
+  return options_.nccl_device >= 0 || options_.nccl_channel_for_testing != nullptr;
+}
+
+uint64_t TeacherCore::max_request_bytes() const {
+  // A token id is a varint of at most 10 bytes (negative ids), plus one mask
+  // byte; 64 KiB covers the rest of a request.
+  return std::max<uint64_t>(static_cast<uint64_t>(max_tokens_) * 11 + (64 << 10), 1 << 20);
+}
+
+std::shared_ptr<StreamSession> TeacherCore::NewSession(StreamCall* call, std::string peer) {
+  auto session = std::make_shared<StreamSession>(session_config_, call, std::move(peer));
+  {
+    absl::MutexLock lock(&mu_);
+    sessions_[session.get()] = session;
+  }
+  absl::MutexLock lock(&stats_mu_);
+  ++stats_.streams;
+  return session;
+}
+
+absl::Status TeacherCore::Admit(const std::string& bearer_token) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return absl::UnavailableError("the teacher is shutting down");
+  }
+  if (options_.authorize) return options_.authorize(bearer_token);
+  return absl::OkStatus();
+}
+
+void TeacherCore::SessionDone(StreamSession* session) {
+  std::shared_ptr<StreamSession> last;  // released after the lock
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  last = std::move(it->second);
+  sessions_.erase(it);
+}
+
+void TeacherCore::StartDraining() {
+  absl::MutexLock lock(&mu_);
+  if (draining_) return;
+  draining_ = true;
+  SS_LOG_INFO("teacher service: draining {} stream(s)", sessions_.size());
+  for (auto& [raw, session] : sessions_) session->Drain();
+}
+
+bool TeacherCore::WaitUntilIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sessions_.empty(); };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+void TeacherCore::Stop() {
+  if (batcher_ != nullptr) batcher_->Stop();
+}
+
+TeacherCore::Stats TeacherCore::stats() const {
+  absl::MutexLock lock(&stats_mu_);
+  Stats stats = stats_;
+  stats.forward_calls = batcher_ != nullptr ? batcher_->forward_calls() : 0;
+  return stats;
+}
+
+}  // namespace specstream::teacher

@@ -1,0 +1,160 @@
+// The teacher's serving core (DESIGN §5), without gRPC: the options checked
+// against the runtime's model, what Describe answers, the compute batcher,
+// and the open stream sessions with their shutdown. The gRPC service
+// (services/teacher/teacher_service.h) is a thin adapter over it: one
+// StreamSession per StreamHiddenStates call, Describe from description().
+//
+// Lifetime: the runtime must outlive the core, and the core every session
+// it made (a gRPC server over it shuts down before the core is destroyed).
+// Thread-safety: every method may be called from any thread.
+#ifndef SPECSTREAM_TEACHER_TEACHER_CORE_H_
+#define SPECSTREAM_TEACHER_TEACHER_CORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/transport/payload_channel.h"
+#include "specstream/v1/teacher.pb.h"
+#include "teacher/compute_batcher.h"
+#include "teacher/stream_session.h"
+
+namespace specstream::teacher {
+
+class TargetRuntime;
+
+struct TeacherServiceOptions {
+  // Element type of aux_hidden/last_hidden in payloads (and Describe.dtype):
+  // "float32", "bfloat16" or "float16"; what `dump --store-dtype` writes.
+  std::string payload_dtype = "bfloat16";
+  // Send target_ids (the full-vocab argmax per position) in every payload.
+  bool keep_target_ids = false;
+  // The longest sample accepted (tokens); 0: the model's
+  // max_position_embeddings. Never above it.
+  int64_t max_tokens = 0;
+  // The largest payload chunk sent (bytes, 4 KiB to 256 MiB); a stream's
+  // Open.max_chunk_bytes and ring capacity may lower it per stream.
+  uint64_t chunk_bytes = uint64_t{1} << 20;
+  // Padded tokens (batch size x longest sequence) per Forward call; a longer
+  // sample runs alone. >= 1; 1 runs every sample alone.
+  int64_t max_batch_tokens = 8192;
+  // Samples one stream may have materialised at once (>= 1), on top of the
+  // credit bound.
+  int max_samples_per_stream = 8;
+  // SampleRequests one stream may have waiting for a credit (>= 1); one more
+  // ends the stream with RESOURCE_EXHAUSTED.
+  int max_queued_requests = 4096;
+  // How long a shm stream waits for the student to release ring space before
+  // the stream ends with DEADLINE_EXCEEDED. The wait ends early when the
+  // stream ends (cancelled, failed, server shutdown).
+  absl::Duration shm_space_timeout = absl::Seconds(60);
+  // The CUDA device that stages TRANSPORT_NCCL payloads; -1 (the default):
+  // NCCL is not offered. Needs a build with SPECSTREAM_WITH_NCCL and a
+  // visible device (InvalidArgument otherwise).
+  int nccl_device = -1;
+  // How long an NCCL stream waits for the student to join its communicator,
+  // and for one payload to be received; past it the stream ends
+  // (DEADLINE_EXCEEDED) and the student fails over.
+  absl::Duration nccl_timeout = absl::Seconds(60);
+  // Tests only: joins TRANSPORT_NCCL streams' channels instead of NCCL
+  // (tests/testing/loopback_channel.h), so the stream protocol runs without
+  // a GPU; when set, NCCL is offered whatever nccl_device says. Unset in
+  // production.
+  PayloadChannelJoin nccl_channel_for_testing;
+  // Fault injection for tests only: called on the compute thread with each
+  // sample's id and its packed payload after the contract (and CRC32C) was
+  // computed; whatever it changes is sent, so a test can make the student's
+  // VerifyPayload fail with DATA_LOSS. Must keep the payload's length. Unset
+  // in production (and then payloads are sent from the tensors without
+  // packing them first).
+  std::function<void(int64_t sample_id, std::string& payload)> corrupt_payload_for_testing;
+  // Who may open a sample stream: called with the bearer token the student
+  // sent ("" when none) before the stream starts; a non-OK status (e.g.
+  // UNAUTHENTICATED) ends the stream with it. Unset: everyone. A teacher
+  // daemon under a coordinator admits the tokens of running jobs. May block
+  // briefly (it runs once per stream).
+  std::function<absl::Status(const std::string& bearer_token)> authorize;
+};
+
+class TeacherCore final {
+ public:
+  // Validates the options against the runtime's model (InvalidArgument
+  // naming the option) and starts the compute thread. `runtime` is used only
+  // from that thread from now on.
+  static absl::StatusOr<std::unique_ptr<TeacherCore>> Create(TargetRuntime& runtime,
+                                                             TeacherServiceOptions options);
+  // Stop().
+  ~TeacherCore();
+  TeacherCore(const TeacherCore&) = delete;
+  TeacherCore& operator=(const TeacherCore&) = delete;
+
+  // What Describe answers.
+  const v1::DescribeResponse& description() const { return description_; }
+  // The largest StreamResponse the teacher sends (Describe.max_message_bytes)
+  // and the largest StreamRequest it accepts.
+  uint64_t max_message_bytes() const { return description_.max_message_bytes(); }
+  uint64_t max_request_bytes() const;
+  // Whether Describe lists TRANSPORT_NCCL (an nccl_device, or a test channel).
+  bool offers_nccl() const;
+  const TeacherServiceOptions& options() const { return options_; }
+
+  // A new stream writing through `call` (valid until the session's OnDone),
+  // registered until SessionDone. Begin it with Admit's verdict.
+  std::shared_ptr<StreamSession> NewSession(StreamCall* call, std::string peer);
+  // Whether a new stream with this bearer token may start: UNAVAILABLE while
+  // draining, else options.authorize's verdict.
+  absl::Status Admit(const std::string& bearer_token) const;
+  // The session's call is done (after its OnDone); it leaves the registry.
+  void SessionDone(StreamSession* session);
+
+  // --- Shutdown ---
+  // New streams are refused UNAVAILABLE; each open stream drains
+  // (StreamSession::Drain). Idempotent.
+  void StartDraining();
+  // Blocks until no stream is open or `deadline`; true when none is.
+  bool WaitUntilIdle(absl::Time deadline);
+  // Stops the compute thread after its current batch; samples still queued
+  // are dropped. Call after every stream is done. Idempotent.
+  void Stop();
+
+  // Counters since Create (for logs and tests).
+  struct Stats {
+    int64_t streams = 0;        // streams accepted
+    int64_t samples_sent = 0;   // headers sent
+    int64_t sample_errors = 0;  // SampleErrors sent
+    int64_t forward_calls = 0;  // runtime Forward calls
+  };
+  Stats stats() const;
+
+ private:
+  explicit TeacherCore(TeacherServiceOptions options) : options_(std::move(options)) {}
+
+  const TeacherServiceOptions options_;
+  v1::DescribeResponse description_;
+  int64_t max_tokens_ = 0;
+  std::unique_ptr<ComputeBatcher> batcher_;
+  StreamSessionConfig session_config_;  // shared by every session
+
+  // Open sessions: a session registers when its call starts and leaves after
+  // OnDone. Jobs hold references too, so a session outlives its call until
+  // the compute thread lets go of it. Lock order: mu_ before a session's
+  // mutex before stats_mu_.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<StreamSession*, std::shared_ptr<StreamSession>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+
+  mutable absl::Mutex stats_mu_;
+  Stats stats_ ABSL_GUARDED_BY(stats_mu_);
+};
+
+}  // namespace specstream::teacher
+
+#endif  // SPECSTREAM_TEACHER_TEACHER_CORE_H_
