@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}  # ccache hits across clones (tests/run.sh)
 VENV=${CUDA_TORCH_VENV:-$ROOT/.venv-cuda}
 BUILD=${CUDA_BUILD_DIR:-$ROOT/build-cuda}
 VERSION=${CUDA_TORCH_VERSION:-2.14.1}

@@ -16,6 +16,10 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${SPECSTREAM_BUILD_DIR:-$ROOT/build}
 start=$(date +%s)
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere
+# on the same machine (CI's) reuses what an earlier build compiled. The
+# scripts below (torch2.sh, cuda_build.sh, fuzz/run.sh) inherit it.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
 
 ./deploy/local/install-deps.sh
 

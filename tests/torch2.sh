@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}  # ccache hits across clones (tests/run.sh)
 VENV=${TORCH2_VENV:-$ROOT/.venv-torch2}
 BUILD=${TORCH2_BUILD_DIR:-$ROOT/build-torch2}
 VERSION=${TORCH2_VERSION:-2.13.0}

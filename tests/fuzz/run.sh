@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}  # ccache hits across clones (tests/run.sh)
 BUILD=${SPECSTREAM_FUZZ_BUILD:-$ROOT/build-fuzz}
 SECONDS_PER_TARGET=${FUZZ_SECONDS:-30}
 
