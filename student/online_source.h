@@ -18,9 +18,14 @@
 // and appends a line to the rank's ledger (JSONL: {"step", "rank",
 // "sample_ids"}), so the ledger lists every trained sample exactly once.
 //
+// How bytes travel is not this file's business: the streams come from a
+// TeacherConnector (student/teacher_connection.h; the gRPC one is
+// services/student/grpc_teacher_connection.h), which reports whole, verified
+// payloads and failures back.
+//
 // Thread-safety: the SampleSource methods are called from the training
-// thread; gRPC callbacks run on gRPC's threads and share state under one
-// mutex.
+// thread; the streams report on their own threads, under the source's one
+// mutex (the locking contract of teacher_connection.h).
 #ifndef SPECSTREAM_STUDENT_ONLINE_SOURCE_H_
 #define SPECSTREAM_STUDENT_ONLINE_SOURCE_H_
 
@@ -33,15 +38,18 @@
 #include "absl/time/time.h"
 #include "common/transport/payload_channel.h"
 #include "student/data_source.h"
+#include "student/teacher_connection.h"
 
 namespace specstream::student {
 
 struct OnlineSourceOptions {
   std::string data;  // pre-tokenized JSONL: {"input_ids": [...], "loss_mask": [...]}
   std::vector<std::string> teachers;  // "host:port" of each teacher daemon
-  int rank = 0;                       // trainer rank (spreads ranks over teachers; ledger name)
-  int64_t in_flight = 8;              // samples outstanding per teacher stream (credits)
-  std::string ledger;                 // ledger file (JSONL, appended); empty: none
+  // How this rank reaches them (required; shared by the ranks of a process).
+  std::shared_ptr<TeacherConnector> connector;
+  int rank = 0;           // trainer rank (spreads ranks over teachers; ledger name)
+  int64_t in_flight = 8;  // samples outstanding per teacher stream (credits)
+  std::string ledger;     // ledger file (JSONL, appended); empty: none
   // Payload transport: "auto" (shared memory with a teacher on this host —
   // same hostname and boot id —, inline otherwise), "inline", "shm" or
   // "nccl" (a build with NCCL and a CUDA device on both sides; the student

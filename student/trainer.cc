@@ -190,6 +190,7 @@ absl::Status Trainer::Init() {
     OnlineSourceOptions online;
     online.data = c.tokenized;
     online.teachers = c.teachers;
+    online.connector = c.teacher_connector;
     online.rank = rank_;
     online.in_flight = c.in_flight;
     online.transport = c.transport;
@@ -513,6 +514,13 @@ absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indice
 }
 
 absl::Status Trainer::TrainStep() {
+  absl::Status status;
+  RETURN_IF_ERROR(CatchTorch(absl::StrCat("training step ", step_ + 1),
+                             [&] { status = TrainStepUnchecked(); }));
+  return status;
+}
+
+absl::Status Trainer::TrainStepUnchecked() {
   if (!record_open_) {
     record_start_ = std::chrono::steady_clock::now();
     record_open_ = true;

@@ -34,6 +34,7 @@
 #include "student/data_source.h"
 #include "student/draft_model.h"
 #include "student/optimizer.h"
+#include "student/teacher_connection.h"
 
 namespace specstream::student {
 
@@ -47,6 +48,10 @@ struct TrainerConfig {
   std::string transport = "auto";  // auto | inline | shm | nccl (OnlineSourceOptions)
   std::string ledger_dir;          // ledger-rank<r>.jsonl of trained samples; empty: none
   std::string job_token;           // bearer token for teacher streams (coordinator jobs)
+  // How the rank reaches the teachers (student/teacher_connection.h):
+  // required for online training; specstream-student passes the gRPC one
+  // (services/student/grpc_teacher_connection.h).
+  std::shared_ptr<TeacherConnector> teacher_connector;
   // Tests only: OnlineSourceOptions::nccl_channel_for_testing.
   PayloadChannelFactory nccl_channel_for_testing;
   std::string target_dir;  // target checkpoint (embeddings, lm_head, config)
@@ -150,7 +155,11 @@ class Trainer final {
   // device_group_: group_ on CPU, an NCCL world group on a CUDA device.
   absl::Status ConnectDeviceGroup();
   absl::StatusOr<std::vector<std::vector<int64_t>>> EpochPlan(int64_t epoch);
+  // One step behind one Status: a LibTorch error anywhere in it (an
+  // out-of-memory, a shape bug) ends the step with Internal (InvalidArgument
+  // for a value or index error) naming the step, instead of aborting.
   absl::Status TrainStep();
+  absl::Status TrainStepUnchecked();
   // The rows of each sample of a batch this rank reads: all of them, or
   // its CP shard plus the TTT halo.
   RowRange BatchRows(const std::vector<int64_t>& indices) const;

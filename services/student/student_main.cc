@@ -34,6 +34,7 @@
 #include "common/subprocess.h"
 #include "common/torch/process_group.h"
 #include "services/daemon/student_daemon.h"
+#include "services/student/grpc_teacher_connection.h"
 #include "student/student_commands.h"
 #include "student/trainer.h"
 
@@ -116,6 +117,7 @@ absl::Status Train(const std::string& config_path, bool resume, const std::strin
                    TrainerConfigFromJobSpec(spec, device, EnvInt("LOCAL_RANK", 0)));
   config.resume = resume;
   config.progress_terminal = progress;
+  config.teacher_connector = std::make_shared<specstream::services::GrpcTeacherConnector>();
   // Set by a student daemon for a coordinator job: admits its streams at the
   // teachers.
   if (const char* token = std::getenv("SPECSTREAM_JOB_TOKEN"); token != nullptr) {

@@ -27,6 +27,7 @@
 #include "common/offline_store.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "services/student/grpc_teacher_connection.h"
 #include "services/teacher/teacher_service.h"
 #include "student/trainer.h"
 #include "teacher/dump.h"
@@ -144,6 +145,7 @@ double TrainOnline(specstream::teacher::TargetRuntime& target, const std::string
   specstream::student::TrainerConfig online = Config(dir, steps);
   online.tokenized = dir + "/data.jsonl";
   online.teachers = {(*server)->address()};
+  online.teacher_connector = std::make_shared<specstream::services::GrpcTeacherConnector>();
   online.transport = transport;
   const double tps = Train(online, steps);
   (*server)->Shutdown(absl::Seconds(5));

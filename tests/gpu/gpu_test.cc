@@ -39,6 +39,7 @@
 #include "common/torch/tensor_util.h"
 #include "common/vocab_map.h"
 #include "nlohmann/json.hpp"
+#include "services/student/grpc_teacher_connection.h"
 #include "student/data_source.h"
 #include "student/draft_model.h"
 #include "student/trainer.h"
@@ -461,6 +462,7 @@ TEST_F(GpuTrainingTest, OnlineFromAGpuTeacherTrainsLikeOffline) {
     } else {
       c.tokenized = dir_.Join("data.jsonl");
       c.teachers = {address};
+      c.teacher_connector = std::make_shared<services::GrpcTeacherConnector>();
       c.transport = transport;
     }
     return c;

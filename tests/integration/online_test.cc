@@ -19,6 +19,7 @@
 #include "common/offline_store.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/student/grpc_teacher_connection.h"
 #include "services/teacher/teacher_service.h"
 #include "student/online_source.h"
 #include "student/trainer.h"
@@ -125,6 +126,7 @@ class OnlineTest : public ::testing::Test {
     TrainerConfig c = Config();
     c.tokenized = dir_->Join("data.jsonl");
     c.teachers = teachers;
+    c.teacher_connector = std::make_shared<services::GrpcTeacherConnector>();
     c.in_flight = 8;
     c.transport = transport;
     return c;
@@ -192,6 +194,7 @@ TEST_F(OnlineTest, ContextParallelRanksReceiveTheirSlices) {
   OnlineSourceOptions options;
   options.data = dir_->Join("data.jsonl");
   options.teachers = {teacher.server->address()};
+  options.connector = std::make_shared<services::GrpcTeacherConnector>();
   auto source = OnlineSource::Open(options);
   ASSERT_TRUE(source.ok()) << source.status();
   const int64_t length = (*source)->Length(3);  // 13 tokens
@@ -342,6 +345,7 @@ TEST_F(OnlineTest, EightConcurrentStudentsAllFinish) {
       OnlineSourceOptions options;
       options.data = dir_->Join("data.jsonl");
       options.teachers = {teacher.server->address()};
+      options.connector = std::make_shared<services::GrpcTeacherConnector>();
       options.rank = s;
       options.in_flight = 2;
       auto source = OnlineSource::Open(options);

@@ -1,0 +1,267 @@
+// The online source's own logic with no server (tests/testing/
+// fake_teacher_connection.h): which teacher serves a sample, failover after
+// a lost teacher or a bad payload, final errors, credits, acknowledgements,
+// the ledger, CP slices, and refusals at Open. The gRPC connection under it
+// is tested end to end by tests/integration/online_test.cc.
+#include "student/online_source.h"
+
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/fake_teacher_connection.h"
+#include "tests/testing/testing.h"
+
+namespace specstream::student {
+namespace {
+
+using testing::FakeTeacherConnector;
+
+constexpr int kSamples = 8;
+
+class OnlineSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Sample i: 6 + i tokens, ids (7 i + t) % 64; the first two are prompt.
+    std::ofstream out(dir_.Join("data.jsonl"));
+    for (int i = 0; i < kSamples; ++i) {
+      std::vector<int> ids;
+      std::vector<int> mask;
+      for (int t = 0; t < 6 + i; ++t) {
+        ids.push_back((7 * i + t) % 64);
+        mask.push_back(t >= 2 ? 1 : 0);
+      }
+      ids_.push_back(std::vector<int32_t>(ids.begin(), ids.end()));
+      out << nlohmann::json{{"input_ids", ids}, {"loss_mask", mask}}.dump() << "\n";
+    }
+  }
+
+  OnlineSourceOptions Options(std::shared_ptr<FakeTeacherConnector> connector,
+                              std::vector<std::string> teachers) {
+    OnlineSourceOptions options;
+    options.data = dir_.Join("data.jsonl");
+    options.teachers = std::move(teachers);
+    options.connector = std::move(connector);
+    options.sample_timeout = absl::Seconds(30);
+    return options;
+  }
+
+  // The sample's tensors are the fake target's captures of its ids.
+  void ExpectTeacherTensors(FakeTeacherConnector& connector, const TrainingSample& sample) {
+    const std::vector<int32_t>& ids = ids_[sample.id];
+    torch::Tensor aux = connector.runtime("a").ExpectedAux(ids);
+    torch::Tensor last = connector.runtime("a").ExpectedLast(ids);
+    EXPECT_EQ(sample.length, static_cast<int64_t>(ids.size()));
+    EXPECT_TRUE(torch::equal(sample.aux_hidden, aux)) << "sample " << sample.id;
+    EXPECT_TRUE(torch::equal(sample.last_hidden, last)) << "sample " << sample.id;
+    EXPECT_TRUE(
+        torch::equal(sample.input_ids, torch::tensor(std::vector<int32_t>(ids)).to(torch::kInt64)));
+    ASSERT_TRUE(sample.target_ids.defined());
+    EXPECT_EQ(sample.target_ids[0].item<int64_t>(), (ids[0] + 1) % 64);
+  }
+
+  testing::TempDir dir_;
+  std::vector<std::vector<int32_t>> ids_;
+};
+
+TEST_F(OnlineSourceTest, EverySampleArrivesWithItsTeachersTensorsFromBothTeachers) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a", "b"});
+  auto source = OnlineSource::Open(Options(connector, {"a", "b"}));
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->size(), kSamples);
+  EXPECT_TRUE((*source)->has_target_ids());
+  for (int i = 0; i < kSamples; ++i) {
+    auto sample = (*source)->Get(i);
+    ASSERT_TRUE(sample.ok()) << sample.status();
+    EXPECT_EQ(sample->id, i);
+    ExpectTeacherTensors(*connector, *sample);
+  }
+  // Requests go round robin: both teachers served.
+  EXPECT_GE(connector->requests("a").size(), 4u);
+  EXPECT_GE(connector->requests("b").size(), 4u);
+  EXPECT_EQ((*source)->refetches(), 0);
+}
+
+TEST_F(OnlineSourceTest, CommitAcknowledgesToTheServingTeacherAndWritesTheLedgerOnce) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a", "b"});
+  OnlineSourceOptions options = Options(connector, {"a", "b"});
+  options.ledger = dir_.Join("ledger.jsonl");
+  options.rank = 3;
+  auto source = OnlineSource::Open(options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE((*source)->Get(i).ok());
+  ASSERT_TRUE((*source)->Commit(1, {0, 1}).ok());
+  ASSERT_TRUE((*source)->Commit(2, {2, 3}).ok());
+
+  std::set<int64_t> acks;
+  for (const std::string teacher : {"a", "b"}) {
+    std::set<int64_t> requested;
+    for (const auto& request : connector->requests(teacher)) requested.insert(request.sample_id());
+    for (int64_t id : connector->acks(teacher)) {
+      EXPECT_TRUE(requested.count(id)) << teacher << " was acked " << id << " it never served";
+      acks.insert(id);
+    }
+  }
+  EXPECT_EQ(acks, (std::set<int64_t>{0, 1, 2, 3}));
+
+  std::ifstream in(options.ledger);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], (nlohmann::json{{"step", 1}, {"rank", 3}, {"sample_ids", {0, 1}}}));
+  EXPECT_EQ(lines[1], (nlohmann::json{{"step", 2}, {"rank", 3}, {"sample_ids", {2, 3}}}));
+}
+
+TEST_F(OnlineSourceTest, ALostTeachersSamplesAreRequestedFromTheOtherAndNothingIsLost) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a", "b"});
+  auto source = OnlineSource::Open(Options(connector, {"a", "b"}));
+  ASSERT_TRUE(source.ok()) << source.status();
+  connector->Hold("a");
+  std::vector<int64_t> all;
+  for (int i = 0; i < kSamples; ++i) all.push_back(i);
+  (*source)->Prefetch(all, RowRange{0, 1 << 20, 1 << 20});
+  std::set<int64_t> sent_to_a;
+  for (const auto& request : connector->requests("a")) sent_to_a.insert(request.sample_id());
+  sent_to_a.erase(0);  // Open's probe of sample 0
+  ASSERT_GE(sent_to_a.size(), 3u);
+  connector->Kill("a");
+  connector->Release("a");
+  for (int i = 0; i < kSamples; ++i) {
+    auto sample = (*source)->Get(i);
+    ASSERT_TRUE(sample.ok()) << sample.status();
+    ExpectTeacherTensors(*connector, *sample);
+    ASSERT_TRUE((*source)->Commit(i + 1, {i}).ok());
+  }
+  // At most the one answer a was computing when it died got through; the
+  // rest went to b.
+  EXPECT_GE((*source)->refetches(), static_cast<int64_t>(sent_to_a.size()) - 1);
+  std::set<int64_t> sent_to_b;
+  for (const auto& request : connector->requests("b")) sent_to_b.insert(request.sample_id());
+  int64_t moved = 0;
+  for (int64_t id : sent_to_a) moved += sent_to_b.count(id);
+  EXPECT_GE(moved, static_cast<int64_t>(sent_to_a.size()) - 1);
+}
+
+TEST_F(OnlineSourceTest, ABadPayloadIsRequestedAgainAndABadRequestIsFinal) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+  auto source = OnlineSource::Open(Options(connector, {"a"}));
+  ASSERT_TRUE(source.ok()) << source.status();
+  connector->CorruptNext("a");
+  auto sample = (*source)->Get(3);
+  ASSERT_TRUE(sample.ok()) << sample.status();
+  ExpectTeacherTensors(*connector, *sample);
+  EXPECT_EQ((*source)->refetches(), 1);
+  int asked = 0;
+  for (const auto& request : connector->requests("a")) asked += request.sample_id() == 3;
+  EXPECT_EQ(asked, 2);
+
+  // Transient codes are retried too; a refusal of the request is not.
+  connector->FailNext("a", absl::ResourceExhaustedError("busy"));
+  ASSERT_TRUE((*source)->Get(4).ok());
+  EXPECT_EQ((*source)->refetches(), 2);
+  connector->FailNext("a", absl::InvalidArgumentError("sample.token_ids: bad"));
+  auto refused = (*source)->Get(5);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("sample.token_ids"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ((*source)->refetches(), 2);
+}
+
+TEST_F(OnlineSourceTest, WhenEveryTeacherIsGoneASampleFailsUnavailable) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+  auto source = OnlineSource::Open(Options(connector, {"a"}));
+  ASSERT_TRUE(source.ok()) << source.status();
+  connector->Kill("a");
+  auto sample = (*source)->Get(2);
+  EXPECT_EQ(sample.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(sample.status().message().find("every teacher is gone"), std::string::npos)
+      << sample.status();
+}
+
+TEST_F(OnlineSourceTest, SlicesAskOnlyForTheirRowsAndHaloAndEmptyShardsAskForNothing) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+  auto source = OnlineSource::Open(Options(connector, {"a"}));
+  ASSERT_TRUE(source.ok()) << source.status();
+  const int index = 5;  // 11 tokens
+  auto slice = (*source)->GetRows(index, RowRange{2, 5, 7});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  const v1::StreamRequest::SampleRequest request = connector->requests("a").back();
+  EXPECT_EQ(request.sample_id(), index);
+  EXPECT_EQ(request.slice_begin(), 2);
+  EXPECT_EQ(request.slice_end(), 5);
+  EXPECT_EQ(request.halo_after(), 2);
+  EXPECT_EQ(slice->offset, 2);
+  EXPECT_EQ(slice->length, 11);
+  const torch::Tensor aux = connector->runtime("a").ExpectedAux(ids_[index]);
+  const torch::Tensor last = connector->runtime("a").ExpectedLast(ids_[index]);
+  EXPECT_TRUE(torch::equal(slice->aux_hidden, aux.narrow(0, 2, 3)));    // own rows
+  EXPECT_TRUE(torch::equal(slice->last_hidden, last.narrow(0, 2, 5)));  // plus the halo
+  EXPECT_EQ(slice->input_ids.size(0), 5);
+
+  const size_t asked = connector->requests("a").size();
+  auto empty = (*source)->GetRows(index, RowRange{11, 16, 18});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->input_ids.size(0), 0);
+  EXPECT_EQ(empty->aux_hidden.size(0), 0);
+  EXPECT_EQ(empty->aux_hidden.size(1), 2 * 8);  // two capture layers of hidden 8
+  EXPECT_EQ(connector->requests("a").size(), asked);
+}
+
+TEST_F(OnlineSourceTest, CreditsBoundWhatATeacherHasAnsweredAndNotBeenAcknowledged) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+  OnlineSourceOptions options = Options(connector, {"a"});
+  options.in_flight = 2;
+  auto source = OnlineSource::Open(options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<int64_t> all;
+  for (int i = 0; i < kSamples; ++i) all.push_back(i);
+  (*source)->Prefetch(all, RowRange{0, 1 << 20, 1 << 20});
+  // Open's probe (acknowledged) and then two answers: the credits.
+  ASSERT_TRUE(connector->AwaitAnswers("a", 3, absl::Seconds(30)));
+  EXPECT_EQ(connector->requests("a").size(), 1u + kSamples);
+  for (int i = 0; i < kSamples; ++i) {
+    auto sample = (*source)->Get(i);
+    ASSERT_TRUE(sample.ok()) << sample.status();
+    ASSERT_TRUE((*source)->Commit(i + 1, {i}).ok());
+  }
+  // Without the credit bound the teacher would have answered all eight
+  // while the source was not yet taking them.
+  EXPECT_EQ(connector->max_outstanding("a"), 2);
+  EXPECT_EQ(connector->answers("a"), kSamples + 1);  // and Open's probe
+}
+
+TEST_F(OnlineSourceTest, OpenSkipsDeadTeachersAndRefusesMixedModelsOrNoConnection) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a", "b"});
+  connector->SetDown("a");
+  auto one = OnlineSource::Open(Options(connector, {"a", "b"}));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE(connector->requests("a").empty());
+  one->reset();
+
+  connector->SetDown("b");
+  auto none = OnlineSource::Open(Options(connector, {"a", "b"}));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(none.status().message().find("no teacher answered"), std::string::npos);
+
+  auto mixed_connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a", "b"});
+  mixed_connector->ServeAnotherModel("b");
+  auto mixed = OnlineSource::Open(Options(mixed_connector, {"a", "b"}));
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(mixed.status().message().find("hidden_size"), std::string::npos) << mixed.status();
+
+  auto unconnected = OnlineSource::Open(Options(nullptr, {"a"}));
+  EXPECT_EQ(unconnected.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(unconnected.status().message().find("data.teachers"), std::string::npos);
+
+  OnlineSourceOptions shm = Options(mixed_connector, {"a"});
+  shm.transport = "shm";
+  auto refused = OnlineSource::Open(shm);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("data.transport"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specstream::student
