@@ -5,7 +5,9 @@
 //   MetricsRegistry registry;
 //   registry.SetGauge("specstream_jobs", "Jobs by state", {{"state", "running"}}, 2);
 //   registry.AddCounter("specstream_samples_served_total", "Samples sent", {}, 1);
-//   auto server = MetricsHttpServer::Start({.port = 0, .registry = &registry});
+//   MetricsHttpOptions options;
+//   options.registry = &registry;   // port 0: any free port
+//   auto server = MetricsHttpServer::Start(options);
 //
 // Thread-safe. Collectors run on the serving thread at each scrape, outside
 // the registry's lock, so they may call Set/Add.

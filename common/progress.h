@@ -1,7 +1,10 @@
 // Progress for long work: a one-line bar redrawn in place on a terminal
 // (items, rate, ETA), or a log line every `log_every` seconds otherwise.
 //
-//   ProgressReporter progress({.total = n, .unit = "samples"});
+//   ProgressOptions options;
+//   options.total = n;
+//   options.unit = "samples";
+//   ProgressReporter progress(options);
 //   progress.Update(done, tokens_done);   // cheap: redraws at most 10×/s
 //   progress.Finish();
 //

@@ -289,9 +289,11 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   });
   std::unique_ptr<MetricsHttpServer> metrics_server;
   if (serve.metrics_port >= 0) {
-    ASSIGN_OR_RETURN(metrics_server,
-                     MetricsHttpServer::Start(
-                         {.host = serve.host, .port = serve.metrics_port, .registry = &metrics}));
+    MetricsHttpOptions metrics_options;
+    metrics_options.host = serve.host;
+    metrics_options.port = serve.metrics_port;
+    metrics_options.registry = &metrics;
+    ASSIGN_OR_RETURN(metrics_server, MetricsHttpServer::Start(metrics_options));
     if (!serve.metrics_port_file.empty()) {
       RETURN_IF_ERROR(
           WriteFileAtomically(serve.metrics_port_file, absl::StrCat(metrics_server->port(), "\n")));
