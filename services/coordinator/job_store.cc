@@ -300,6 +300,7 @@ struct JobStore::Impl {
     RETURN_IF_ERROR(Exec("PRAGMA foreign_keys=ON"));
 
     return InTransaction([&]() -> absl::Status {
+      mu.AssertHeld();  // InTransaction runs the body under the lock
       ASSIGN_OR_RETURN(const int64_t version, QueryInt("PRAGMA user_version"));
       if (version == kSchemaVersion) return absl::OkStatus();
       if (version != 0) {
@@ -339,6 +340,7 @@ absl::Status JobStore::Insert(const v1::Job& job, const std::string& token) {
   Impl& s = *impl_;
   absl::MutexLock lock(&s.mu);
   return s.InTransaction([&]() -> absl::Status {
+    s.mu.AssertHeld();  // InTransaction runs the body under the lock
     ASSIGN_OR_RETURN(const bool exists, s.JobExists(job.id()));
     if (exists) return absl::AlreadyExistsError(absl::StrCat("job ", job.id(), " already exists"));
     ASSIGN_OR_RETURN(auto stmt,
@@ -374,6 +376,7 @@ absl::Status JobStore::Update(const v1::Job& job, std::vector<v1::JobEvent>* eve
   Impl& s = *impl_;
   absl::MutexLock lock(&s.mu);
   RETURN_IF_ERROR(s.InTransaction([&]() -> absl::Status {
+    s.mu.AssertHeld();  // InTransaction runs the body under the lock
     ASSIGN_OR_RETURN(auto stmt, s.Prepare("UPDATE jobs SET state = ?2, job = ?3 WHERE id = ?1"));
     stmt->Bind(1, job.id());
     stmt->Bind(2, static_cast<int64_t>(job.state()));
@@ -391,7 +394,10 @@ absl::Status JobStore::Append(std::vector<v1::JobEvent>& events) {
   std::vector<v1::JobEvent> stored;
   Impl& s = *impl_;
   absl::MutexLock lock(&s.mu);
-  RETURN_IF_ERROR(s.InTransaction([&] { return s.InsertEvents(events, &stored); }));
+  RETURN_IF_ERROR(s.InTransaction([&] {
+    s.mu.AssertHeld();  // InTransaction runs the body under the lock
+    return s.InsertEvents(events, &stored);
+  }));
   events = std::move(stored);
   return absl::OkStatus();
 }

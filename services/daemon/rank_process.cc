@@ -365,9 +365,9 @@ std::optional<int> RankProcess::ExitCode() const {
 
 std::string RankProcess::LastStderr(size_t n) const {
   absl::MutexLock lock(&impl_->mu);
-  const auto& tail = impl_->stderr_tail;
-  const size_t take = std::min(n, tail.size());
-  return absl::StrJoin(tail.end() - static_cast<std::ptrdiff_t>(take), tail.end(), "\n");
+  const size_t take = std::min(n, impl_->stderr_tail.size());
+  return absl::StrJoin(impl_->stderr_tail.end() - static_cast<std::ptrdiff_t>(take),
+                       impl_->stderr_tail.end(), "\n");
 }
 
 void RankProcess::Stop() {

@@ -183,7 +183,7 @@ class TestStream final {
   bool Await(const std::function<bool(const StreamState&)>& done,
              absl::Duration timeout = absl::Seconds(60)) {
     absl::MutexLock lock(&mu_);
-    auto ready = [&] { return done(state_); };
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done(state_); };
     return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   }
   bool AwaitSamples(size_t n) {
@@ -212,7 +212,7 @@ class TestStream final {
     std::optional<ReceivedSample> current;
     while (stream_->Read(&response)) {
       absl::MutexLock lock(&mu_);
-      auto violation = [&](const std::string& what) {
+      auto violation = [&](const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (state_.protocol_error.empty()) state_.protocol_error = what;
       };
       switch (response.kind_case()) {
