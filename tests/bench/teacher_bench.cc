@@ -1,12 +1,21 @@
 // hf runtime throughput on a random ~100M-parameter model at 1k tokens,
-// against the same model's linear layers timed alone as plain matmuls in the
-// same run: fraction = (time of the forward's linear GEMMs alone) / (forward
-// time). The forward does those GEMMs and more (attention, norms, rotary,
-// activations), so the fraction is at most 1; reps of the two alternate, so
-// a slow stretch of a shared machine falls on both. fp32 always; bf16 only
-// where the CPU has a bf16 matmul (elsewhere oneDNN emulates it and the row
-// would take many minutes to say nothing about our code).
-// Fails (exit 1) when the fp32 fraction is under --min-fraction.
+// against two baselines measured in the same run:
+//   * the same model's linear layers timed alone as plain matmuls:
+//     fraction = (time of the forward's linear GEMMs alone) / (forward
+//     time). The forward does those GEMMs and more (attention, norms,
+//     rotary, activations), so the fraction is at most 1; above 1 the
+//     baseline is broken, and the bench fails;
+//   * an eager LibTorch forward of the same checkpoint written here with
+//     plain ops, as a PyTorch user would (HF's Llama: sdpa attention on
+//     LibTorch 2.x, matmul-softmax-matmul on 1.13; the same captures and
+//     full-vocab argmax): vs eager = eager time / runtime time (goal >= 1).
+// Reps of the three alternate, so a slow stretch of a shared machine falls
+// on all. fp32 always; bf16 only where the CPU has a bf16 matmul (elsewhere
+// oneDNN emulates it and the row would take many minutes to say nothing
+// about our code).
+// Fails (exit 1) when the fp32 fraction is under --min-fraction, when any
+// fraction is above 1, or when the runtime's captures differ from the eager
+// forward's (a wrong reference would make its time meaningless).
 //
 //   teacher_bench [--tokens 1024] [--reps 5] [--min-fraction 0.4]
 #include <chrono>
@@ -14,12 +23,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/hf_config.h"
 #include "common/logging.h"
+#include "common/safetensors.h"
+#include "common/torch/compat.h"
+#include "common/torch/tensor_util.h"
 #include "teacher/hf_runtime.h"
 #include "teacher/init_random.h"
 #include "tests/bench/bench_util.h"
@@ -66,6 +82,114 @@ class LinearBaseline {
   double flops_ = 0;
 };
 
+// The checkpoint's forward in plain LibTorch ops (tied embeddings, no
+// biases, Llama rotary): the captures at `capture_ids`, the post-norm last
+// hidden state and the full-vocab argmax, as the runtime returns them.
+class EagerLlama {
+ public:
+  static std::unique_ptr<EagerLlama> Load(const std::string& dir, torch::Dtype dtype,
+                                          std::vector<int> capture_ids) {
+    auto config = specstream::LoadHfConfig(dir);
+    auto file = specstream::SafetensorsFile::Open(dir + "/model.safetensors");
+    if (!config.ok() || !file.ok()) {
+      std::fprintf(stderr, "eager: %s %s\n", config.status().ToString().c_str(),
+                   file.status().ToString().c_str());
+      return nullptr;
+    }
+    auto model = std::unique_ptr<EagerLlama>(new EagerLlama());
+    model->config_ = *config;
+    model->capture_ids_ = std::move(capture_ids);
+    for (const std::string& name : (*file)->names()) {
+      auto view = (*file)->Get(name);
+      model->weights_[name] = specstream::BorrowView(*view).clone().to(dtype);
+    }
+    return model;
+  }
+
+  struct Output {
+    torch::Tensor aux, last, target_ids;
+  };
+
+  Output Forward(const std::vector<int32_t>& ids) const {
+    torch::NoGradGuard no_grad;
+    const specstream::HfModelConfig& c = config_;
+    const int64_t t = static_cast<int64_t>(ids.size());
+    const int64_t heads = c.num_attention_heads, kv = c.num_key_value_heads;
+    const int64_t d = c.hidden_size / heads;
+    torch::Tensor positions = torch::arange(t, torch::kFloat32);
+    torch::Tensor inv_freq =
+        1.0 / torch::pow(c.rope_theta, torch::arange(0, d, 2, torch::kFloat32) / d);
+    torch::Tensor freqs = torch::outer(positions, inv_freq);
+    torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+    const torch::Dtype dtype = W("model.embed_tokens.weight").scalar_type();
+    torch::Tensor cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
+    auto rope = [&](const torch::Tensor& x) {
+      torch::Tensor x1 = x.narrow(-1, 0, d / 2), x2 = x.narrow(-1, d / 2, d / 2);
+      return x * cos + torch::cat({-x2, x1}, -1) * sin;
+    };
+    auto norm = [&](const torch::Tensor& x, const torch::Tensor& w) {
+      torch::Tensor f = x.to(torch::kFloat32);
+      f = f * torch::rsqrt(f.pow(2).mean(-1, true) + c.rms_norm_eps);
+      return w * f.to(x.scalar_type());
+    };
+    torch::Tensor h =
+        W("model.embed_tokens.weight")
+            .index_select(0, torch::tensor(std::vector<int32_t>(ids)).to(torch::kLong));
+    std::vector<torch::Tensor> captured(capture_ids_.size());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      torch::Tensor x = norm(h, W(p + "input_layernorm.weight"));
+      torch::Tensor q = torch::linear(x, W(p + "self_attn.q_proj.weight")).view({t, heads, d});
+      torch::Tensor k = torch::linear(x, W(p + "self_attn.k_proj.weight")).view({t, kv, d});
+      torch::Tensor v = torch::linear(x, W(p + "self_attn.v_proj.weight")).view({t, kv, d});
+      q = rope(q.transpose(0, 1));
+      k = rope(k.transpose(0, 1)).repeat_interleave(heads / kv, 0);
+      v = v.transpose(0, 1).repeat_interleave(heads / kv, 0);
+      torch::Tensor a;
+#if SPECSTREAM_TORCH_2
+      a = at::scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                           /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                           /*is_causal=*/true)
+              .squeeze(0);
+#else
+      torch::Tensor scores = torch::matmul(q, k.transpose(1, 2)) / std::sqrt(double(d));
+      scores = scores.masked_fill(torch::ones({t, t}, torch::kBool).triu(1),
+                                  -std::numeric_limits<float>::infinity());
+      a = torch::matmul(torch::softmax(scores, -1, torch::kFloat32).to(dtype), v);
+#endif
+      h = h + torch::linear(a.transpose(0, 1).reshape({t, heads * d}),
+                            W(p + "self_attn.o_proj.weight"));
+      x = norm(h, W(p + "post_attention_layernorm.weight"));
+      h = h + torch::linear(torch::silu(torch::linear(x, W(p + "mlp.gate_proj.weight"))) *
+                                torch::linear(x, W(p + "mlp.up_proj.weight")),
+                            W(p + "mlp.down_proj.weight"));
+      for (size_t j = 0; j < capture_ids_.size(); ++j) {
+        if (capture_ids_[j] == i) captured[j] = h;
+      }
+    }
+    Output out;
+    out.aux = torch::cat(captured, -1);
+    out.last = norm(h, W("model.norm.weight"));
+    out.target_ids = torch::linear(out.last, W("model.embed_tokens.weight")).argmax(-1);
+    return out;
+  }
+
+ private:
+  EagerLlama() = default;
+  const torch::Tensor& W(const std::string& name) const { return weights_.at(name); }
+
+  specstream::HfModelConfig config_;
+  std::vector<int> capture_ids_;
+  std::map<std::string, torch::Tensor> weights_;
+};
+
+// Largest |a - b| relative to max |b| (0 when both are empty).
+double RelativeError(const torch::Tensor& a, const torch::Tensor& b) {
+  torch::Tensor fa = a.to(torch::kFloat32), fb = b.to(torch::kFloat32);
+  const double scale = std::max(fb.abs().max().item<double>(), 1e-30);
+  return (fa - fb).abs().max().item<double>() / scale;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,10 +218,11 @@ int main(int argc, char** argv) {
   std::string dir = (std::filesystem::temp_directory_path() / "specstream-teacher-bench").string();
   std::printf("teacher_bench: %.1fM parameters, %ld tokens, best of %d\n", params / 1e6,
               static_cast<long>(tokens), reps);
-  std::printf("%-9s %14s %14s %16s %9s\n", "dtype", "tokens/s", "model GFLOP/s", "linears GFLOP/s",
-              "fraction");
+  std::printf("%-9s %14s %14s %16s %9s %14s %9s\n", "dtype", "tokens/s", "model GFLOP/s",
+              "linears GFLOP/s", "fraction", "eager tok/s", "vs eager");
 
   double fp32_fraction = 0;
+  bool ok = true;
   for (const char* dtype : {"float32", "bfloat16"}) {
     if (std::string(dtype) == "bfloat16" && !specstream::bench::CpuHasBf16Matmul()) {
       std::printf("%-9s skipped: this CPU has no bf16 matmul (no avx512_bf16 / amx_bf16)\n", dtype);
@@ -135,7 +260,10 @@ int main(int argc, char** argv) {
     const torch::Dtype torch_dtype =
         std::string(dtype) == "float32" ? torch::kFloat32 : torch::kBFloat16;
     const LinearBaseline baseline(torch_dtype, tokens, linears);
-    double best = 1e30, best_baseline = 1e30;
+    const std::unique_ptr<EagerLlama> eager =
+        EagerLlama::Load(dir, torch_dtype, (*runtime)->Describe().capture_layer_ids);
+    if (eager == nullptr) return 1;
+    double best = 1e30, best_baseline = 1e30, best_eager = 1e30;
     for (int r = 0; r <= reps; ++r) {  // the first round warms up
       auto start = Clock::now();
       auto out = (*runtime)->Forward(request);
@@ -145,7 +273,34 @@ int main(int argc, char** argv) {
         return 1;
       }
       double b = baseline.Time();
-      if (r > 0) best = std::min(best, s), best_baseline = std::min(best_baseline, b);
+      start = Clock::now();
+      EagerLlama::Output reference = eager->Forward(request.sequences[0]);
+      double e = Seconds(start, Clock::now());
+      if (r == 0) {
+        // The reference computes what the runtime does: same captures (to
+        // the dtype's rounding: kernels differ) and mostly the same argmax.
+        const double tolerance = torch_dtype == torch::kFloat32 ? 1e-3 : 5e-2;
+        const double aux_error = RelativeError((*out)[0].aux_hidden, reference.aux);
+        const double last_error = RelativeError((*out)[0].last_hidden, reference.last);
+        const double same_argmax = (*out)[0]
+                                       .target_ids.to(torch::kLong)
+                                       .eq(reference.target_ids)
+                                       .to(torch::kFloat32)
+                                       .mean()
+                                       .item<double>();
+        std::printf(
+            "%-9s eager reference: aux rel err %.2e, last rel err %.2e, argmax agree %.3f\n", dtype,
+            aux_error, last_error, same_argmax);
+        if (!(aux_error < tolerance && last_error < tolerance && same_argmax > 0.95)) {
+          std::printf("teacher_bench: FAIL the eager reference disagrees with the runtime\n");
+          ok = false;
+        }
+      }
+      if (r > 0) {
+        best = std::min(best, s);
+        best_baseline = std::min(best_baseline, b);
+        best_eager = std::min(best_eager, e);
+      }
     }
     // Matmul FLOPs of the forward: the linears above plus the causal
     // attention (QKᵀ and PV over on average T/2 keys).
@@ -154,10 +309,19 @@ int main(int argc, char** argv) {
     const double achieved = flops / best;
     const double fraction = best_baseline / best;
     if (std::string(dtype) == "float32") fp32_fraction = fraction;
-    std::printf("%-9s %14.0f %14.1f %16.1f %9.2f\n", dtype, T / best, achieved / 1e9,
-                baseline.flops() / best_baseline / 1e9, fraction);
+    std::printf("%-9s %14.0f %14.1f %16.1f %9.2f %14.0f %9.2f\n", dtype, T / best, achieved / 1e9,
+                baseline.flops() / best_baseline / 1e9, fraction, T / best_eager,
+                best_eager / best);
+    if (fraction > 1.0) {
+      std::printf(
+          "teacher_bench: FAIL %s fraction %.2f > 1: the linears alone ran slower than the "
+          "forward that contains them, so the baseline is broken\n",
+          dtype, fraction);
+      ok = false;
+    }
   }
   std::filesystem::remove_all(dir);
+  if (!ok) return 1;
   if (fp32_fraction < min_fraction) {
     std::printf("teacher_bench: FAIL fp32 fraction %.2f < %.2f\n", fp32_fraction, min_fraction);
     return 1;
