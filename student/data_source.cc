@@ -16,6 +16,11 @@ absl::StatusOr<std::unique_ptr<StoreSource>> StoreSource::Open(const std::string
     return absl::FailedPreconditionError(
         absl::StrCat("store ", dir, " is incomplete (re-run its dump to finish it)"));
   }
+  const nlohmann::json& contract = source->reader_->contract();
+  ASSIGN_OR_RETURN(
+      source->model_,
+      ModelContract::FromJson(contract.contains("model") ? contract["model"] : nlohmann::json(),
+                              absl::StrCat("store ", dir, ": contract.model")));
   bool has_aux = false, has_last = false;
   for (const StoreTensorSpec& spec : source->reader_->tensor_specs()) {
     if (spec.name == "target_ids") source->has_target_ids_ = true;

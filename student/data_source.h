@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "common/model_contract.h"
 #include "common/offline_store.h"
 #include "nlohmann/json.hpp"
 #include "student/draft_model.h"
@@ -52,8 +53,9 @@ class SampleSource {
   // Only some rows of it (context parallelism: a shard and its halo); a
   // source reads no more of the sample than that.
   virtual absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) = 0;
-  // The model contract the samples were produced under (store index.json's).
-  virtual const nlohmann::json& contract() const = 0;
+  // The target the samples were computed from (a store's contract.model,
+  // the teachers' Describe).
+  virtual const ModelContract& model() const = 0;
   // Token count of the index-th sample, without reading its tensors.
   virtual int64_t Length(int64_t index) const = 0;
   // Whether samples carry the teacher's full-vocab argmax (target_ids).
@@ -83,7 +85,7 @@ class StoreSource final : public SampleSource {
   int64_t size() const override { return reader_->num_samples(); }
   absl::StatusOr<TrainingSample> Get(int64_t index) override;
   absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override;
-  const nlohmann::json& contract() const override { return reader_->contract(); }
+  const ModelContract& model() const override { return model_; }
   int64_t Length(int64_t index) const override { return lengths_[index]; }
   bool has_target_ids() const override { return has_target_ids_; }
   absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,
@@ -92,6 +94,7 @@ class StoreSource final : public SampleSource {
 
  private:
   std::unique_ptr<StoreReader> reader_;
+  ModelContract model_;
   std::vector<int64_t> lengths_;
   bool has_target_ids_ = false;
 };

@@ -93,20 +93,20 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
         continue;
       }
       const v1::DescribeResponse& response = *described;
-      nlohmann::json model = {
-          {"model_type", response.model_type()},
-          {"hidden_size", response.hidden_size()},
-          {"vocab_size", response.vocab_size()},
-          {"num_layers", response.num_layers()},
-          {"capture_layer_ids", std::vector<int>(response.capture_layer_ids().begin(),
-                                                 response.capture_layer_ids().end())}};
-      if (contract_.is_null()) {
-        contract_ = {{"model", model}};
+      ModelContract model;
+      model.model_type = response.model_type();
+      model.hidden_size = response.hidden_size();
+      model.vocab_size = response.vocab_size();
+      model.num_layers = response.num_layers();
+      model.capture_layer_ids.assign(response.capture_layer_ids().begin(),
+                                     response.capture_layer_ids().end());
+      if (streams_.empty()) {
+        model_ = model;
         max_tokens_ = response.max_tokens();
-      } else if (contract_["model"] != model) {
-        return absl::FailedPreconditionError(absl::StrCat("teacher ", address, " serves ",
-                                                          model.dump(), " but another serves ",
-                                                          contract_["model"].dump()));
+      } else if (const std::string field = model_.FirstDifference(model); !field.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("teacher ", address, " serves ", model.ToJson().dump(),
+                         " but another serves ", model_.ToJson().dump(), " (", field, ")"));
       }
       TeacherStreamOptions stream_options;
       stream_options.transport = options_.transport;
@@ -386,8 +386,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     sample.id = index;
     sample.length = static_cast<int64_t>(samples_[index].input_ids.size());
     sample.offset = rows.begin;
-    const int64_t hidden = contract_["model"]["hidden_size"].get<int64_t>();
-    const int64_t captures = static_cast<int64_t>(contract_["model"]["capture_layer_ids"].size());
+    const int64_t hidden = model_.hidden_size;
+    const int64_t captures = static_cast<int64_t>(model_.capture_layer_ids.size());
     sample.input_ids = torch::zeros({0}, torch::kInt64);
     sample.loss_mask = torch::zeros({0}, torch::kUInt8);
     sample.aux_hidden = torch::zeros({0, captures * hidden}, hidden_dtype_);
@@ -411,7 +411,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
 
   OnlineSourceOptions options_;
   std::vector<TokenizedSample> samples_;
-  nlohmann::json contract_;
+  ModelContract model_;  // what the first teacher to answer serves (every one must)
   int64_t max_tokens_ = 0;
   bool has_target_ids_ = false;
   torch::ScalarType hidden_dtype_ = torch::kFloat32;
@@ -454,7 +454,7 @@ absl::StatusOr<TrainingSample> OnlineSource::GetRows(int64_t index, const RowRan
   return impl_->Fetch(index, rows);
 }
 
-const nlohmann::json& OnlineSource::contract() const { return impl_->contract_; }
+const ModelContract& OnlineSource::model() const { return impl_->model_; }
 
 int64_t OnlineSource::Length(int64_t index) const {
   return static_cast<int64_t>(impl_->samples_[index].input_ids.size());

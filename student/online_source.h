@@ -84,7 +84,7 @@ class OnlineSource final : public SampleSource {
   int64_t size() const override;
   absl::StatusOr<TrainingSample> Get(int64_t index) override;
   absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override;
-  const nlohmann::json& contract() const override;
+  const ModelContract& model() const override;
   int64_t Length(int64_t index) const override;
   bool has_target_ids() const override;
   absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,

@@ -209,25 +209,25 @@ absl::Status Trainer::Init() {
     source_name = absl::StrCat("store ", c.store);
   }
   // The data must come from this target: same family, sizes and vocab.
-  const nlohmann::json& model = source_->contract()["model"];
+  const ModelContract& model = source_->model();
   auto mismatch = [&](const char* field, const nlohmann::json& stored, const nlohmann::json& mine) {
     return absl::FailedPreconditionError(
         absl::StrCat(source_name, " served a different target: contract.model.", field, " is ",
                      stored.dump(), " but ", c.target_dir, " has ", mine.dump()));
   };
-  if (model.value("model_type", "") != target.model_type) {
-    return mismatch("model_type", model.value("model_type", ""), target.model_type);
+  if (model.model_type != target.model_type) {
+    return mismatch("model_type", model.model_type, target.model_type);
   }
-  if (model.value("hidden_size", int64_t{0}) != target.hidden_size) {
-    return mismatch("hidden_size", model.value("hidden_size", int64_t{0}), target.hidden_size);
+  if (model.hidden_size != target.hidden_size) {
+    return mismatch("hidden_size", model.hidden_size, target.hidden_size);
   }
-  if (model.value("vocab_size", int64_t{0}) != target.vocab_size) {
-    return mismatch("vocab_size", model.value("vocab_size", int64_t{0}), target.vocab_size);
+  if (model.vocab_size != target.vocab_size) {
+    return mismatch("vocab_size", model.vocab_size, target.vocab_size);
   }
-  if (model.value("num_layers", int64_t{0}) != target.num_hidden_layers) {
-    return mismatch("num_layers", model.value("num_layers", int64_t{0}), target.num_hidden_layers);
+  if (model.num_layers != target.num_hidden_layers) {
+    return mismatch("num_layers", model.num_layers, target.num_hidden_layers);
   }
-  const std::vector<int> capture = model["capture_layer_ids"].get<std::vector<int>>();
+  const std::vector<int> capture = model.capture_layer_ids;
   capture_ = capture;
 
   VocabMap map;

@@ -8,6 +8,7 @@
 #include "common/chat_template.h"
 #include "common/jsonl.h"
 #include "common/logging.h"
+#include "common/model_contract.h"
 #include "common/progress.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -39,13 +40,14 @@ nlohmann::json DumpContract(const ModelDescription& model, bool keep_target_ids,
   SampleTensorsOptions tensors;
   tensors.hidden_dtype = store_dtype;
   tensors.keep_target_ids = keep_target_ids;
-  return nlohmann::json{{"model",
-                         {{"model_type", model.model_type},
-                          {"runtime", model.runtime},
-                          {"hidden_size", model.hidden_size},
-                          {"vocab_size", model.vocab_size},
-                          {"num_layers", model.num_layers},
-                          {"capture_layer_ids", model.capture_layer_ids}}},
+  ModelContract contract;
+  contract.model_type = model.model_type;
+  contract.runtime = model.runtime;
+  contract.hidden_size = model.hidden_size;
+  contract.vocab_size = model.vocab_size;
+  contract.num_layers = model.num_layers;
+  contract.capture_layer_ids = model.capture_layer_ids;
+  return nlohmann::json{{"model", contract.ToJson()},
                         {"tensors", StoreTensorsContract(SampleTensorSpecs(model, tensors))}};
 }
 
