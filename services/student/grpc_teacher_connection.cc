@@ -17,6 +17,7 @@
 #include "common/grpc/auth.h"
 #include "common/grpc/byte_buffer.h"
 #include "common/grpc/channel_args.h"
+#include "common/grpc/status.h"
 #include "common/host.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -288,8 +289,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
       const absl::Status why =
           status.ok()
               ? absl::UnavailableError(absl::StrCat("teacher ", address_, " ended the stream"))
-              : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                             absl::StrCat("teacher ", address_, ": ", status.error_message()));
+              : Annotate(FromGrpcStatus(status), absl::StrCat("teacher ", address_));
       if (!cancelled_) SS_LOG_WARN("online: stream lost: {}", why.ToString());
       events_.StreamLost(this);
     }
@@ -536,10 +536,7 @@ absl::StatusOr<v1::DescribeResponse> GrpcTeacherConnector::Describe(const std::s
   v1::DescribeRequest request;
   v1::DescribeResponse response;
   const grpc::Status status = stub.Describe(&context, request, &response);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat(address, ": ", status.error_message()));
-  }
+  if (!status.ok()) return Annotate(FromGrpcStatus(status), address);
   return response;
 }
 
