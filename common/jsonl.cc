@@ -58,4 +58,18 @@ absl::Status ReadIntArray(const nlohmann::json& value, const char* field, int64_
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<JsonlWriter>> JsonlWriter::Open(const std::string& path) {
+  std::unique_ptr<JsonlWriter> writer(new JsonlWriter(path));
+  writer->out_.open(path, std::ios::app | std::ios::binary);
+  if (!writer->out_) return absl::PermissionDeniedError(absl::StrCat("cannot append to ", path));
+  return writer;
+}
+
+absl::Status JsonlWriter::Append(const nlohmann::json& value) {
+  out_ << value.dump() << "\n";
+  out_.flush();
+  if (!out_) return absl::DataLossError(absl::StrCat(path_, ": write failed"));
+  return absl::OkStatus();
+}
+
 }  // namespace specstream

@@ -1,15 +1,19 @@
-// JSON-lines input: one JSON value per line, blank lines skipped. Errors name
-// the file, the 1-based line number and the reason, so a user can fix the
-// line:  "data.jsonl:17: line is not valid JSON: ...".
+// JSON lines: one JSON value per line. Reading skips blank lines, and its
+// errors name the file, the 1-based line number and the reason, so a user can
+// fix the line:  "data.jsonl:17: line is not valid JSON: ...". Writing
+// appends a line and flushes it, so a reader (or a crash) sees whole lines.
 #ifndef SPECSTREAM_COMMON_JSONL_H_
 #define SPECSTREAM_COMMON_JSONL_H_
 
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
 namespace specstream {
@@ -26,6 +30,23 @@ absl::Status ForEachJsonLine(
 // field and the offending element.
 absl::Status ReadIntArray(const nlohmann::json& value, const char* field, int64_t min, int64_t max,
                           std::vector<int64_t>* out);
+
+// Appends JSON lines to a file (created when missing).
+// Thread-safety: one writer per file, used from one thread at a time.
+class JsonlWriter final {
+ public:
+  // PermissionDenied naming `path` when it cannot be opened for appending.
+  static absl::StatusOr<std::unique_ptr<JsonlWriter>> Open(const std::string& path);
+  // Writes `value` as one line and flushes; DataLoss naming the file when
+  // the write fails.
+  absl::Status Append(const nlohmann::json& value);
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit JsonlWriter(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+  std::ofstream out_;
+};
 
 }  // namespace specstream
 

@@ -9,6 +9,7 @@
 #include "common/torch/tensor_util.h"
 #include "student/context_parallel.h"
 #include "student/eagle3_alignment.h"
+#include "student/metrics_sink.h"
 #include "student/soft_cross_entropy.h"
 #include "student/ttt_attention.h"
 
@@ -200,7 +201,7 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
     std::vector<torch::Tensor> diag_k, diag_v;
     TttAttentionOptions attention;
     attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
-    // Step k's loss weighs 0.8^k / max(1, global valid count at k), the
+    // Step k's loss weighs kTttLossDecay^k / max(1, global valid count at k), the
     // division in float64 on the device (no count is read back).
     const torch::Tensor denominators = valid_denominators.clamp_min(1).to(torch::kFloat64);
     torch::Tensor weighted = torch::zeros({}, h.options().dtype(torch::kFloat32));
@@ -283,7 +284,7 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
         valids.push_back(none);
         loss_sums.push_back(none.to(torch::kFloat64));
       }
-      decay *= 0.8;
+      decay *= kTttLossDecay;
       h = h_next;
     }
     out.weighted_loss = weighted;

@@ -80,7 +80,7 @@ struct DraftParallel {
 // (nothing is read back to the host); the trainer all-reduces them before
 // normalising.
 struct TttOutputs {
-  torch::Tensor weighted_loss;  // float32 scalar: Σ_k 0.8^k · Σ_valid CE_k / denominators
+  torch::Tensor weighted_loss;  // float32 scalar: Σ_k kTttLossDecay^k · Σ_valid CE_k / denominators
   torch::Tensor loss_sum;       // float64 [K]: Σ_valid CE per step (before normalisation)
   torch::Tensor correct;        // int64 [K]: draft argmax == teacher argmax
   torch::Tensor valid;          // int64 [K]: valid positions on this rank

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -16,6 +15,7 @@
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "common/transport/contract.h"
+#include "student/ledger.h"
 
 namespace specstream::student {
 namespace {
@@ -142,11 +142,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       for (auto& stream : streams_) stream->Start(options_.in_flight);
     }
     if (!options_.ledger.empty()) {
-      ledger_.open(options_.ledger, std::ios::app);
-      if (!ledger_) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("cannot append to ledger ", options_.ledger));
-      }
+      ASSIGN_OR_RETURN(ledger_, Ledger::Open(options_.ledger, options_.rank));
     }
     // Whether payloads carry target_ids: learnt from the first sample.
     ASSIGN_OR_RETURN(TrainingSample first, Fetch(0, Whole(0)));
@@ -399,14 +395,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   absl::Status Commit(int64_t step, const std::vector<int64_t>& indices) {
     std::lock_guard<std::mutex> lock(mu_);
     Release(indices);
-    if (ledger_.is_open()) {
-      nlohmann::json line = {{"step", step}, {"rank", options_.rank}, {"sample_ids", indices}};
-      ledger_ << line.dump() << "\n";
-      ledger_.flush();
-      if (!ledger_)
-        return absl::DataLossError(absl::StrCat("ledger ", options_.ledger, ": write failed"));
-    }
-    return absl::OkStatus();
+    return ledger_ ? ledger_->Record(step, indices) : absl::OkStatus();
   }
 
   OnlineSourceOptions options_;
@@ -415,7 +404,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   int64_t max_tokens_ = 0;
   bool has_target_ids_ = false;
   torch::ScalarType hidden_dtype_ = torch::kFloat32;
-  std::ofstream ledger_;
+  std::unique_ptr<Ledger> ledger_;
 
   std::mutex mu_;
   std::condition_variable cv_;

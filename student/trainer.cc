@@ -2,30 +2,23 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <numeric>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/file.h"
 #include "common/hf_config.h"
 #include "common/logging.h"
 #include "common/progress.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"
-#include "student/checkpoint.h"
 #include "student/export.h"
+#include "student/ledger.h"
 #include "student/online_source.h"
-#include "student/sampler.h"
 #include "student/student_commands.h"
-#include "student/tensorboard.h"
 
 namespace specstream::student {
 namespace {
@@ -136,13 +129,28 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   return c;
 }
 
-double SimulatedAcceptLength(const std::vector<double>& acc_k) {
-  double total = 0, product = 1;
-  for (double a : acc_k) {
-    product *= a;
-    total += product;
+absl::StatusOr<std::unique_ptr<SampleSource>> OpenSampleSource(const TrainerConfig& c, int rank) {
+  if (c.teachers.empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<StoreSource> store, StoreSource::Open(c.store));
+    return std::unique_ptr<SampleSource>(std::move(store));
   }
-  return total;
+  OnlineSourceOptions online;
+  online.data = c.tokenized;
+  online.teachers = c.teachers;
+  online.connector = c.teacher_connector;
+  online.rank = rank;
+  online.in_flight = c.in_flight;
+  online.transport = c.transport;
+  online.device = c.device;
+  online.token = c.job_token;
+  online.nccl_channel_for_testing = c.nccl_channel_for_testing;
+  if (!c.ledger_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(c.ledger_dir, error);
+    online.ledger = LedgerPath(c.ledger_dir, rank);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<OnlineSource> source, OnlineSource::Open(online));
+  return std::unique_ptr<SampleSource>(std::move(source));
 }
 
 Trainer::~Trainer() = default;
@@ -151,6 +159,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerConfig config, i
                                                          int world_size,
                                                          c10::intrusive_ptr<CommGroup> group,
                                                          c10::intrusive_ptr<c10d::Store> store) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SampleSource> source, OpenSampleSource(config, rank));
+  return Create(std::move(config), std::move(source), rank, world_size, std::move(group),
+                std::move(store));
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerConfig config,
+                                                         std::unique_ptr<SampleSource> source,
+                                                         int rank, int world_size,
+                                                         c10::intrusive_ptr<CommGroup> group,
+                                                         c10::intrusive_ptr<c10d::Store> store) {
+  if (!source) return absl::InvalidArgumentError("the trainer needs a sample source");
   if (world_size > 1 && !group) {
     return absl::InvalidArgumentError("a world of several ranks needs a process group");
   }
@@ -163,7 +182,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerConfig config, i
   }
   TuneAllocatorForTensors();
   std::unique_ptr<Trainer> trainer(new Trainer());
+  trainer->source_name_ =
+      !config.teachers.empty()
+          ? absl::StrCat("the teachers at ", absl::StrJoin(config.teachers, ", "))
+          : absl::StrCat("store ", config.store);
   trainer->config_ = std::move(config);
+  trainer->source_ = std::move(source);
   trainer->rank_ = rank;
   trainer->world_size_ = world_size;
   trainer->device_ = trainer->config_.device;
@@ -185,34 +209,11 @@ absl::Status Trainer::Init() {
         "set exactly one of training.batch_size and training.batch_tokens");
   }
   ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
-  std::string source_name;
-  if (!c.teachers.empty()) {
-    OnlineSourceOptions online;
-    online.data = c.tokenized;
-    online.teachers = c.teachers;
-    online.connector = c.teacher_connector;
-    online.rank = rank_;
-    online.in_flight = c.in_flight;
-    online.transport = c.transport;
-    online.device = device_;
-    online.token = c.job_token;
-    online.nccl_channel_for_testing = c.nccl_channel_for_testing;
-    if (!c.ledger_dir.empty()) {
-      std::error_code error;
-      std::filesystem::create_directories(c.ledger_dir, error);
-      online.ledger = absl::StrCat(c.ledger_dir, "/ledger-rank", rank_, ".jsonl");
-    }
-    ASSIGN_OR_RETURN(source_, OnlineSource::Open(online));
-    source_name = absl::StrCat("the teachers at ", absl::StrJoin(c.teachers, ", "));
-  } else {
-    ASSIGN_OR_RETURN(source_, StoreSource::Open(c.store));
-    source_name = absl::StrCat("store ", c.store);
-  }
   // The data must come from this target: same family, sizes and vocab.
   const ModelContract& model = source_->model();
   auto mismatch = [&](const char* field, const nlohmann::json& stored, const nlohmann::json& mine) {
     return absl::FailedPreconditionError(
-        absl::StrCat(source_name, " served a different target: contract.model.", field, " is ",
+        absl::StrCat(source_name_, " served a different target: contract.model.", field, " is ",
                      stored.dump(), " but ", c.target_dir, " has ", mine.dump()));
   };
   if (model.model_type != target.model_type) {
@@ -227,8 +228,7 @@ absl::Status Trainer::Init() {
   if (model.num_layers != target.num_hidden_layers) {
     return mismatch("num_layers", model.num_layers, target.num_hidden_layers);
   }
-  const std::vector<int> capture = model.capture_layer_ids;
-  capture_ = capture;
+  capture_ = model.capture_layer_ids;
 
   VocabMap map;
   if (!c.vocab_map.empty()) {
@@ -250,7 +250,7 @@ absl::Status Trainer::Init() {
   DraftShape shape;
   shape.hidden_size = target.hidden_size;
   shape.target_hidden_size = target.hidden_size;
-  shape.num_captures = static_cast<int64_t>(capture.size());
+  shape.num_captures = static_cast<int64_t>(capture_.size());
   shape.intermediate_size =
       c.intermediate_size > 0 ? c.intermediate_size : target.intermediate_size;
   shape.num_attention_heads =
@@ -270,20 +270,29 @@ absl::Status Trainer::Init() {
                                               std::chrono::minutes(5), device_));
   ASSIGN_OR_RETURN(draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed,
                                                !source_->has_target_ids(), device_));
-  RETURN_IF_ERROR(BroadcastParameters());
+  reducer_ = std::make_unique<GradReducer>(
+      draft_->parameters(), world_size_ > 1 ? device_group_ : c10::intrusive_ptr<CommGroup>(),
+      c.ddp_bucket_elements, device_);
+  RETURN_IF_ERROR(reducer_->BroadcastParameters());
   optimizer_ = std::make_unique<AdamW>(draft_->parameters(), c.adamw);
   // Gradients exist from the start (zeros), so a parameter without gradient
   // in some step is treated the same in a continuous and a resumed run.
   for (auto& [name, p] : draft_->parameters()) p.mutable_grad() = torch::zeros_like(p);
-  SetUpGradientBuckets();
 
-  ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(0));
-  steps_per_epoch_ = static_cast<int64_t>(plan.size());
+  // The CP ranks of a DP group share its batches.
+  EpochPlanOptions plan;
+  plan.seed = c.seed;
+  plan.dp_rank = layout_.dp_rank();
+  plan.dp_size = layout_.dp_size();
+  plan.batch_size = c.batch_size;
+  plan.batch_tokens = c.batch_tokens;
+  plan.max_length = c.max_length;
+  std::vector<int64_t> lengths(source_->size());
+  for (int64_t i = 0; i < source_->size(); ++i) lengths[i] = source_->Length(i);
+  ASSIGN_OR_RETURN(plan_, EpochPlan::Create(plan, lengths));
+  steps_per_epoch_ = plan_->steps_per_epoch();
   // A step holds its batch and the next one's (prefetched).
-  size_t largest_batch = 0;
-  for (const auto& batch : plan) largest_batch = std::max(largest_batch, batch.size());
-  for (const auto& batch : token_batches_) largest_batch = std::max(largest_batch, batch.size());
-  source_->ReserveOutstanding(2 * static_cast<int64_t>(largest_batch));
+  source_->ReserveOutstanding(2 * plan_->largest_batch());
   total_steps_ = c.max_steps > 0 ? c.max_steps : c.epochs * steps_per_epoch_;
   schedule_.peak_lr = c.lr;
   schedule_.total_steps = total_steps_;
@@ -298,65 +307,35 @@ absl::Status Trainer::Init() {
       rank_, world_size_, layout_.dp_rank(), layout_.dp_size(), layout_.cp_rank(), layout_.cp_size,
       layout_.ulysses, device_.str(), source_->size(), steps_per_epoch_, total_steps_,
       map.draft_vocab(), c.ttt_steps);
-  if (c.resume) RETURN_IF_ERROR(TryResume());
-  if (!c.tensorboard_dir.empty() && rank_ == 0) {
-    ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Create(c.tensorboard_dir));
+
+  TrainRun run;
+  run.checkpoint_dir = c.checkpoint_dir;
+  run.keep_last = c.keep_last;
+  run.rank = rank_;
+  run.world_size = world_size_;
+  run.cp_size = layout_.cp_size;
+  run.ulysses_degree = layout_.ulysses;
+  run.seed = c.seed;
+  run.ttt_steps = c.ttt_steps;
+  run.target_dir = c.target_dir;
+  run.store = c.store;
+  run.capture_layer_ids = capture_;
+  run.steps_per_epoch = steps_per_epoch_;
+  run.total_steps = total_steps_;
+  run.schedule = schedule_;
+  state_ = std::make_unique<TrainState>(std::move(run), *draft_, *optimizer_, group_);
+  if (c.resume) {
+    ASSIGN_OR_RETURN(step_, state_->Resume());
+  }
+  if (rank_ == 0) {
+    MetricsSinkOptions sink;
+    sink.total_steps = total_steps_;
+    sink.log_lines = c.log_every > 0;
+    sink.jsonl = c.metrics_jsonl;
+    sink.tensorboard_dir = c.tensorboard_dir;
+    ASSIGN_OR_RETURN(metrics_, MetricsSink::Create(sink));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<std::vector<int64_t>>> Trainer::EpochPlan(int64_t epoch) {
-  if (epoch == cached_epoch_) return cached_plan_;
-  SamplerOptions options;
-  options.seed = config_.seed;
-  // The CP ranks of a DP group share its batches.
-  options.dp_rank = layout_.dp_rank();
-  options.dp_size = layout_.dp_size();
-  std::vector<std::vector<int64_t>> plan;
-  if (config_.batch_size > 0) {
-    ASSIGN_OR_RETURN(auto sampler, DistributedSampler::Create(source_->size(), options));
-    std::vector<int64_t> order = sampler->Indices(epoch);
-    for (size_t i = 0; i < order.size(); i += config_.batch_size) {
-      plan.emplace_back(order.begin() + i,
-                        order.begin() + std::min(order.size(), i + config_.batch_size));
-    }
-  } else {
-    // Token budgets: the samples are packed once, globally (by length, so a
-    // batch pads little), and each epoch deals the packed batches to the
-    // ranks in a shuffled order. Every rank and every epoch then has the same
-    // number of steps, which keeps collectives in step and resume exact.
-    if (token_batches_.empty()) {
-      std::vector<int64_t> by_length(source_->size());
-      std::iota(by_length.begin(), by_length.end(), 0);
-      auto length = [&](int64_t index) {
-        int64_t len = source_->Length(index);
-        return config_.max_length > 0 ? std::min(len, config_.max_length) : len;
-      };
-      std::stable_sort(by_length.begin(), by_length.end(),
-                       [&](int64_t a, int64_t b) { return length(a) < length(b); });
-      std::vector<int64_t> current;
-      int64_t longest = 0;
-      for (int64_t index : by_length) {
-        const int64_t len = length(index);
-        const int64_t padded = (static_cast<int64_t>(current.size()) + 1) * std::max(longest, len);
-        if (!current.empty() && padded > config_.batch_tokens) {
-          token_batches_.push_back(std::move(current));
-          current.clear();
-          longest = 0;
-        }
-        current.push_back(index);
-        longest = std::max(longest, len);
-      }
-      if (!current.empty()) token_batches_.push_back(std::move(current));
-    }
-    ASSIGN_OR_RETURN(auto sampler, DistributedSampler::Create(
-                                       static_cast<int64_t>(token_batches_.size()), options));
-    for (int64_t batch : sampler->Indices(epoch)) plan.push_back(token_batches_[batch]);
-  }
-  if (plan.empty()) return absl::FailedPreconditionError("an epoch has no batches");
-  cached_epoch_ = epoch;
-  cached_plan_ = plan;
-  return plan;
 }
 
 absl::Status Trainer::ConnectDeviceGroup() {
@@ -381,102 +360,6 @@ absl::Status Trainer::ConnectDeviceGroup() {
 absl::Status Trainer::AllReduce(torch::Tensor& t) {
   if (world_size_ == 1) return absl::OkStatus();
   return AllReduceSum(*device_group_, t);
-}
-
-absl::Status Trainer::BroadcastParameters() {
-  if (world_size_ == 1) return absl::OkStatus();
-  torch::NoGradGuard no_grad;
-  for (auto& [name, p] : draft_->parameters()) {
-    torch::Tensor data = p.detach();
-    RETURN_IF_ERROR(Annotate(Broadcast(*device_group_, data, 0), name));
-  }
-  return absl::OkStatus();
-}
-
-void Trainer::SetUpGradientBuckets() {
-  if (world_size_ == 1) return;
-  // Gradients become ready roughly in reverse order of use, so buckets are
-  // filled from the last parameter backwards. Each parameter's hook copies
-  // its gradient into the bucket's flat buffer; the bucket's all-reduce
-  // starts as soon as its last gradient arrives, overlapping the rest of the
-  // backward pass.
-  const auto& params = draft_->parameters();
-  buckets_.clear();
-  int64_t filled = 0;
-  for (int64_t i = static_cast<int64_t>(params.size()) - 1; i >= 0; --i) {
-    const int64_t numel = params[i].second.numel();
-    if (buckets_.empty() || (filled > 0 && filled + numel > config_.ddp_bucket_elements)) {
-      buckets_.emplace_back();
-      filled = 0;
-    }
-    GradBucket& bucket = buckets_.back();
-    bucket.params.push_back(static_cast<size_t>(i));
-    bucket.offsets.push_back(filled);
-    filled += numel;
-  }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    GradBucket& bucket = buckets_[b];
-    int64_t total = 0;
-    for (size_t j = 0; j < bucket.params.size(); ++j)
-      total += params[bucket.params[j]].second.numel();
-    bucket.flat = torch::zeros({total}, torch::TensorOptions(torch::kFloat32).device(device_));
-    for (size_t j = 0; j < bucket.params.size(); ++j) {
-      torch::Tensor param = params[bucket.params[j]].second;
-      const int64_t offset = bucket.offsets[j];
-      param.register_hook([this, b, offset](torch::Tensor grad) {
-        GradBucket& target = buckets_[b];
-        target.flat.narrow(0, offset, grad.numel()).copy_(grad.reshape({-1}));
-        --target.pending;
-        // Collectives must be issued in the same order on every rank: launch
-        // buckets strictly in index order, as soon as each and all before it
-        // are complete.
-        while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-          LaunchBucket(buckets_[next_bucket_++]);
-        }
-      });
-    }
-  }
-}
-
-void Trainer::LaunchBucket(GradBucket& bucket) {
-  std::vector<torch::Tensor> flat{bucket.flat};
-  bucket.work = device_group_->allreduce(flat);
-}
-
-void Trainer::PrepareGradientBuckets() {
-  next_bucket_ = 0;
-  for (GradBucket& bucket : buckets_) {
-    bucket.flat.zero_();
-    bucket.pending = static_cast<int64_t>(bucket.params.size());
-    bucket.work.reset();
-  }
-}
-
-absl::Status Trainer::SyncGradients() {
-  if (world_size_ == 1) return absl::OkStatus();
-  torch::NoGradGuard no_grad;
-  // The loss is already normalised by the global count, so the reduction is
-  // a sum. Buckets whose parameters did not all receive a gradient this step
-  // are reduced now (their missing parts are zeros).
-  return CatchTorch("gradient all_reduce", [&] {
-    const auto& params = draft_->parameters();
-    // Buckets whose gradients did not all arrive (e.g. a 1-token batch
-    // leaves the head without gradient) go now, still in index order.
-    while (next_bucket_ < buckets_.size()) LaunchBucket(buckets_[next_bucket_++]);
-    for (GradBucket& bucket : buckets_) {
-      bucket.work->wait();
-      for (size_t j = 0; j < bucket.params.size(); ++j) {
-        torch::Tensor param = params[bucket.params[j]].second;
-        torch::Tensor reduced =
-            bucket.flat.narrow(0, bucket.offsets[j], param.numel()).view_as(param);
-        if (param.grad().defined()) {
-          param.mutable_grad().copy_(reduced);
-        } else {
-          param.mutable_grad() = reduced.clone();
-        }
-      }
-    }
-  });
 }
 
 RowRange Trainer::BatchRows(const std::vector<int64_t>& indices) const {
@@ -520,14 +403,7 @@ absl::Status Trainer::TrainStep() {
   return status;
 }
 
-absl::Status Trainer::TrainStepUnchecked() {
-  if (!record_open_) {
-    record_start_ = std::chrono::steady_clock::now();
-    record_open_ = true;
-  }
-  const int64_t epoch = step_ / steps_per_epoch_;
-  ASSIGN_OR_RETURN(std::vector<std::vector<int64_t>> plan, EpochPlan(epoch));
-  const std::vector<int64_t> indices = plan[step_ % steps_per_epoch_];
+void Trainer::PrefetchFrom(const std::vector<int64_t>& indices) {
   // Online sources compute this batch (if not yet asked) and the batches
   // after it while this step trains: at least the next one, and as many
   // more as data.in_flight samples reach, so that a teacher far away (a
@@ -535,22 +411,24 @@ absl::Status Trainer::TrainStepUnchecked() {
   // several steps ahead instead of one.
   source_->Prefetch(indices, BatchRows(indices));
   // The loop also stops after in_flight steps, so empty batches (which use
-  // no budget) cannot make it walk the rest of training; the epoch plan is
-  // fetched once per epoch it crosses, not once per step ahead.
+  // no budget) cannot make it walk the rest of training.
   int64_t budget = config_.in_flight - static_cast<int64_t>(indices.size());
-  std::vector<std::vector<int64_t>> ahead_plan = plan;
-  int64_t ahead_epoch = epoch;
   for (int64_t ahead = step_ + 1; ahead < total_steps_ && ahead <= step_ + config_.in_flight;
        ++ahead) {
-    if (ahead / steps_per_epoch_ != ahead_epoch) {
-      ahead_epoch = ahead / steps_per_epoch_;
-      ASSIGN_OR_RETURN(ahead_plan, EpochPlan(ahead_epoch));
-    }
-    const std::vector<int64_t>& next = ahead_plan[ahead % steps_per_epoch_];
+    const std::vector<int64_t> next = plan_->Batch(ahead);
     if (ahead > step_ + 1 && static_cast<int64_t>(next.size()) > budget) break;
     source_->Prefetch(next, BatchRows(next));
     budget -= static_cast<int64_t>(next.size());
   }
+}
+
+absl::Status Trainer::TrainStepUnchecked() {
+  if (!record_open_) {
+    record_start_ = std::chrono::steady_clock::now();
+    record_open_ = true;
+  }
+  const std::vector<int64_t> indices = plan_->Batch(step_);
+  PrefetchFrom(indices);
   ASSIGN_OR_RETURN(DraftBatch batch, LoadBatch(indices));
   const int k_steps = config_.ttt_steps;
   // Tokens of this rank's own rows (a CP shard counts only its part), from
@@ -570,12 +448,12 @@ absl::Status Trainer::TrainStepUnchecked() {
   for (auto& [name, p] : draft_->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
-  PrepareGradientBuckets();
+  reducer_->Prepare();
   const DraftParallel parallel{cp_groups_.ulysses.get(), cp_groups_.ring.get()};
   ASSIGN_OR_RETURN(TttOutputs out,
                    draft_->Forward(batch, k_steps, global_valid, config_.dtype, parallel));
   RETURN_IF_ERROR(CatchTorch("backward", [&] { out.weighted_loss.backward(); }));
-  RETURN_IF_ERROR(SyncGradients());
+  RETURN_IF_ERROR(reducer_->Finish());
   torch::Tensor grad_norm;
   RETURN_IF_ERROR(CatchTorch("gradient clipping", [&] {
     grad_norm = ClipGradNorm(draft_->parameters(), config_.grad_clip);
@@ -588,11 +466,11 @@ absl::Status Trainer::TrainStepUnchecked() {
   if (RecordsMetrics(step_)) {
     ASSIGN_OR_RETURN(StepMetrics m, ReadMetrics(out, global_valid, grad_norm, lr));
     history_.push_back(m);
-    if (rank_ == 0) Log(m);
+    if (metrics_) RETURN_IF_ERROR(metrics_->Write(m));
   }
   if (!config_.checkpoint_dir.empty() && config_.checkpoint_every > 0 &&
       step_ % config_.checkpoint_every == 0 && step_ < total_steps_) {
-    RETURN_IF_ERROR(SaveCheckpoint());
+    RETURN_IF_ERROR(state_->Save(step_));
   }
   return absl::OkStatus();
 }
@@ -620,71 +498,25 @@ absl::StatusOr<StepMetrics> Trainer::ReadMetrics(const TttOutputs& out,
     host = torch::cat({summed, global_valid.to(torch::kFloat64), grad_norm.reshape({1})})
                .to(torch::kCPU);
   }));
+  // host: loss_sum[K], correct[K], tokens, valid[K], grad_norm.
   const double* v = host.data_ptr<double>();
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - record_start_).count();
   record_open_ = false;
   tokens_since_record_ = 0;
+  const TttMeans means = TttMeansFromSums(v, v + k_steps, v + 2 * k_steps + 1, k_steps);
   StepMetrics m;
   m.step = step_;
   m.lr = lr;
   m.grad_norm = v[3 * k_steps + 1];
   m.positions = static_cast<int64_t>(v[2 * k_steps + 1]);
-  double decay = 1;
-  for (int k = 0; k < k_steps; ++k) {
-    const double denominator = std::max(1.0, v[2 * k_steps + 1 + k]);
-    m.loss_k.push_back(v[k] / denominator);
-    m.acc_k.push_back(v[k_steps + k] / denominator);
-    m.loss += decay * m.loss_k.back();
-    decay *= 0.8;
-  }
-  m.sim_accept_len = SimulatedAcceptLength(m.acc_k);
+  m.loss = means.loss;
+  m.loss_k = means.loss_k;
+  m.acc_k = means.acc_k;
+  m.sim_accept_len = means.sim_accept_len;
   m.tokens = static_cast<int64_t>(v[2 * k_steps]);
   m.tokens_per_second = static_cast<double>(m.tokens) / std::max(seconds, 1e-9);
   return m;
-}
-
-void Trainer::Log(const StepMetrics& m) {
-  auto fmt = [](const std::vector<double>& v) {
-    return absl::StrJoin(v, ",", [](std::string* out, double x) {
-      absl::StrAppend(out, absl::StrFormat("%.4f", x));
-    });
-  };
-  if (config_.log_every > 0) {
-    SS_LOG_INFO(
-        "step {}/{} loss {:.4f} acc [{}] accept_len {:.3f} lr {:.3g} grad_norm {:.3f} "
-        "{:.0f} tok/s",
-        m.step, total_steps_, m.loss, fmt(m.acc_k), m.sim_accept_len, m.lr, m.grad_norm,
-        m.tokens_per_second);
-  }
-  if (!config_.metrics_jsonl.empty()) {
-    nlohmann::json line = {{"step", m.step},
-                           {"total_steps", total_steps_},
-                           {"loss", m.loss},
-                           {"loss_k", m.loss_k},
-                           {"acc_k", m.acc_k},
-                           {"sim_accept_len", m.sim_accept_len},
-                           {"lr", m.lr},
-                           {"grad_norm", m.grad_norm},
-                           {"tokens_per_s", m.tokens_per_second},
-                           {"positions", m.positions}};
-    std::ofstream out(config_.metrics_jsonl, std::ios::app);
-    out << line.dump() << "\n";
-  }
-  if (tensorboard_) {
-    std::vector<std::pair<std::string, double>> scalars = {
-        {"train/loss", m.loss},
-        {"train/sim_accept_len", m.sim_accept_len},
-        {"train/lr", m.lr},
-        {"train/grad_norm", m.grad_norm},
-        {"train/tokens_per_s", m.tokens_per_second}};
-    for (size_t k = 0; k < m.acc_k.size(); ++k) {
-      scalars.emplace_back(absl::StrCat("train/acc_", k), m.acc_k[k]);
-      scalars.emplace_back(absl::StrCat("train/loss_", k), m.loss_k[k]);
-    }
-    absl::Status s = tensorboard_->WriteScalars(m.step, scalars);
-    if (!s.ok()) SS_LOG_WARN("tensorboard: {}", std::string(s.message()));
-  }
 }
 
 absl::Status Trainer::RunSteps(int64_t n) {
@@ -708,146 +540,8 @@ absl::Status Trainer::Run() {
     if (rank_ == 0) progress.Update(step_, tokens);
   }
   if (rank_ == 0) progress.Finish();
-  if (!config_.checkpoint_dir.empty()) RETURN_IF_ERROR(SaveCheckpoint());
+  if (!config_.checkpoint_dir.empty()) RETURN_IF_ERROR(state_->Save(step_));
   if (!config_.export_dir.empty() && rank_ == 0) RETURN_IF_ERROR(Export());
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::SaveCheckpoint() {
-  torch::NoGradGuard no_grad;
-  // Every rank's RNG state travels to rank 0, which writes the checkpoint;
-  // the barrier keeps ranks from racing ahead of a checkpoint in progress.
-  std::map<int, std::string> rng;
-  torch::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
-  if (world_size_ > 1) {
-    std::vector<std::vector<torch::Tensor>> gathered(1);
-    for (int r = 0; r < world_size_; ++r) gathered[0].push_back(torch::empty_like(state));
-    std::vector<torch::Tensor> input{state};
-    RETURN_IF_ERROR(
-        CatchTorch("rng all_gather", [&] { group_->allgather(gathered, input)->wait(); }));
-    for (int r = 0; r < world_size_; ++r) {
-      const torch::Tensor& t = gathered[0][r];
-      rng[r] = std::string(static_cast<const char*>(t.data_ptr()), t.nbytes());
-    }
-  } else {
-    rng[0] = std::string(static_cast<const char*>(state.data_ptr()), state.nbytes());
-  }
-  absl::Status status;
-  if (rank_ == 0) {
-    CheckpointContents contents;
-    // Checkpoints are host tensors, whatever the device.
-    for (const auto& [name, p] : draft_->parameters()) {
-      contents.draft[name] = p.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
-    }
-    const VocabMap& map = draft_->vocab_map();
-    contents.draft["d2t"] = torch::tensor(map.d2t, torch::kInt64);
-    contents.draft["t2d"] =
-        torch::tensor(std::vector<int64_t>(map.t2d.begin(), map.t2d.end())).to(torch::kBool);
-    for (const auto& [name, t] : optimizer_->State()) {
-      contents.optimizer[name] = t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
-    }
-    contents.rng_by_rank = rng;
-    contents.state = {{"step", step_},
-                      {"epoch", step_ / steps_per_epoch_},
-                      {"batch_in_epoch", step_ % steps_per_epoch_},
-                      {"steps_per_epoch", steps_per_epoch_},
-                      {"total_steps", total_steps_},
-                      {"world_size", world_size_},
-                      {"cp_size", layout_.cp_size},
-                      {"ulysses_degree", layout_.ulysses},
-                      {"seed", config_.seed},
-                      {"ttt_steps", config_.ttt_steps},
-                      {"target_dir", config_.target_dir},
-                      {"capture_layer_ids", capture_},
-                      {"draft_shape", DraftShapeJson(draft_->shape())},
-                      {"store", config_.store},
-                      {"scheduler",
-                       {{"peak_lr", schedule_.peak_lr},
-                        {"warmup_steps", schedule_.warmup_steps},
-                        {"total_steps", schedule_.total_steps},
-                        {"cosine", schedule_.cosine},
-                        {"min_lr_ratio", schedule_.min_lr_ratio}}}};
-    auto manager = CheckpointManager::Create(
-        {config_.checkpoint_dir, static_cast<int>(config_.keep_last), {}});
-    status = manager.ok() ? (*manager)->Save(step_, contents) : manager.status();
-  }
-  if (world_size_ > 1) {
-    RETURN_IF_ERROR(CatchTorch("barrier", [&] { group_->barrier()->wait(); }));
-  }
-  return status;
-}
-
-absl::Status Trainer::TryResume() {
-  // Only rank 0 may clean up leftovers; the others read.
-  CheckpointOptions options;
-  options.root = config_.checkpoint_dir;
-  options.keep_last = static_cast<int>(config_.keep_last);
-  options.read_only = rank_ != 0;
-  ASSIGN_OR_RETURN(auto manager, CheckpointManager::Create(options));
-  ASSIGN_OR_RETURN(std::optional<int64_t> latest, manager->LatestStep());
-  if (!latest) {
-    SS_LOG_INFO("resume: no checkpoint in {}, starting from step 0", config_.checkpoint_dir);
-    return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(CheckpointContents contents, manager->Load(*latest));
-  const nlohmann::json& state = contents.state;
-  if (state.value("world_size", 0) != world_size_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint step ", *latest, " was written by ", state.value("world_size", 0),
-                     " ranks; exact resume needs the same world size (", world_size_, ")"));
-  }
-  if (state.value("cp_size", 1) != layout_.cp_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint step ", *latest, " was written with cp_size ", state.value("cp_size", 1),
-        "; exact resume needs the same (", layout_.cp_size, ")"));
-  }
-  if (state.value("steps_per_epoch", int64_t{0}) != steps_per_epoch_) {
-    return absl::FailedPreconditionError(
-        "checkpoint was taken with a different data plan "
-        "(store or batch settings changed)");
-  }
-  torch::NoGradGuard no_grad;
-  const VocabMap& map = draft_->vocab_map();
-  auto d2t = contents.draft.find("d2t");
-  if (d2t == contents.draft.end() ||
-      !torch::equal(d2t->second, torch::tensor(map.d2t, torch::kInt64))) {
-    return absl::FailedPreconditionError("checkpoint's draft vocab map differs from this job's");
-  }
-  for (auto& [name, p] : draft_->parameters()) {
-    auto it = contents.draft.find(name);
-    if (it == contents.draft.end() || !it->second.sizes().equals(p.sizes())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint lacks draft tensor ", name, " of this shape"));
-    }
-    p.detach().copy_(it->second);
-  }
-  RETURN_IF_ERROR(optimizer_->LoadState(contents.optimizer));
-  auto rng = contents.rng_by_rank.find(rank_);
-  if (rng != contents.rng_by_rank.end()) {
-    torch::Tensor bytes = torch::empty({static_cast<int64_t>(rng->second.size())}, torch::kUInt8);
-    std::memcpy(bytes.data_ptr(), rng->second.data(), rng->second.size());
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(bytes);
-  }
-  step_ = state.value("step", int64_t{0});
-  if (world_size_ > 1) {
-    // Every rank must have picked the same checkpoint.
-    torch::Tensor low = torch::tensor({step_}, torch::kInt64), high = low.clone();
-    RETURN_IF_ERROR(CatchTorch("resume step check", [&] {
-      c10d::AllreduceOptions min_options, max_options;
-      min_options.reduceOp = c10d::ReduceOp::MIN;
-      max_options.reduceOp = c10d::ReduceOp::MAX;
-      std::vector<torch::Tensor> a{low}, b{high};
-      group_->allreduce(a, min_options)->wait();
-      group_->allreduce(b, max_options)->wait();
-    }));
-    if (low.item<int64_t>() != high.item<int64_t>()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("ranks resumed from different checkpoints (steps ", low.item<int64_t>(),
-                       " to ", high.item<int64_t>(), ")"));
-    }
-  }
-  SS_LOG_INFO("resume: continuing from step {} of {}", step_, total_steps_);
   return absl::OkStatus();
 }
 
@@ -877,15 +571,11 @@ absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, in
   const double* loss_sum = host.data_ptr<double>();
   const double* correct = loss_sum + ttt_steps;
   const double* valid = correct + ttt_steps;
+  const TttMeans means = TttMeansFromSums(loss_sum, correct, valid, ttt_steps);
   EvalResult result;
-  double decay = 1;
-  for (int k = 0; k < ttt_steps; ++k) {
-    const double denominator = std::max(valid[k], 1.0);
-    result.loss += decay * loss_sum[k] / denominator;
-    result.acc_k.push_back(correct[k] / denominator);
-    decay *= 0.8;
-  }
-  result.sim_accept_len = SimulatedAcceptLength(result.acc_k);
+  result.loss = means.loss;
+  result.acc_k = means.acc_k;
+  result.sim_accept_len = means.sim_accept_len;
   result.positions = static_cast<int64_t>(valid[0]);
   return result;
 }

@@ -1,6 +1,10 @@
 // The EAGLE-3 draft trainer: one instance per rank (DP ranks in a c10d
 // group), deterministic data order, AdamW with warmup + cosine, global-norm
 // clipping, bucketed gradient all-reduce, metrics, checkpoints and export.
+// The trainer wires the pieces into a step: the samples come from an
+// injected SampleSource (data_source.h), their order from epoch_plan.h, the
+// DDP gradient sum from grad_reducer.h, checkpoints and exact resume from
+// train_state.h, and the reports go to metrics_sink.h.
 //
 // Exactness contract: the loss at step k is normalised by the number of valid
 // positions over all ranks, and gradients are summed across ranks, so N ranks
@@ -21,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,8 +38,12 @@
 #include "student/context_parallel.h"
 #include "student/data_source.h"
 #include "student/draft_model.h"
+#include "student/epoch_plan.h"
+#include "student/grad_reducer.h"
+#include "student/metrics_sink.h"
 #include "student/optimizer.h"
 #include "student/teacher_connection.h"
+#include "student/train_state.h"
 
 namespace specstream::student {
 
@@ -111,27 +120,18 @@ struct TrainerConfig {
   std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(120)};
 };
 
-struct StepMetrics {
-  int64_t step = 0;  // 1-based, after the update
-  double loss = 0;   // Σ_k 0.8^k L_k
-  std::vector<double> loss_k;
-  std::vector<double> acc_k;
-  double sim_accept_len = 0;
-  double lr = 0;
-  double grad_norm = 0;
-  // Over the steps since the previous record (all ranks): their tokens over
-  // the wall time they took.
-  double tokens_per_second = 0;
-  int64_t tokens = 0;     // tokens in the batches of those steps, all ranks
-  int64_t positions = 0;  // valid positions at step 0 of this step, all ranks
-};
-
 class Trainer final {
  public:
   // `group` is the world's Gloo group (null when world_size is 1): control
   // messages (checkpoint RNG, barriers) and, on CPU, every collective.
   // `store` is the world's rendezvous store, needed for the CP groups when
   // cp_size > 1 and for the NCCL world group when config.device is CUDA.
+  // `source` feeds the samples; must describe the target at
+  // config.target_dir (its model contract is checked).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      TrainerConfig config, std::unique_ptr<SampleSource> source, int rank, int world_size,
+      c10::intrusive_ptr<CommGroup> group, c10::intrusive_ptr<c10d::Store> store = {});
+  // The same over OpenSampleSource(config, rank).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       TrainerConfig config, int rank, int world_size, c10::intrusive_ptr<CommGroup> group,
       c10::intrusive_ptr<c10d::Store> store = {});
@@ -154,12 +154,13 @@ class Trainer final {
   absl::Status Init();
   // device_group_: group_ on CPU, an NCCL world group on a CUDA device.
   absl::Status ConnectDeviceGroup();
-  absl::StatusOr<std::vector<std::vector<int64_t>>> EpochPlan(int64_t epoch);
   // One step behind one Status: a LibTorch error anywhere in it (an
   // out-of-memory, a shape bug) ends the step with Internal (InvalidArgument
   // for a value or index error) naming the step, instead of aborting.
   absl::Status TrainStep();
   absl::Status TrainStepUnchecked();
+  // Asks the source for this step's batch and the ones after it.
+  void PrefetchFrom(const std::vector<int64_t>& indices);
   // The rows of each sample of a batch this rank reads: all of them, or
   // its CP shard plus the TTT halo.
   RowRange BatchRows(const std::vector<int64_t>& indices) const;
@@ -172,16 +173,7 @@ class Trainer final {
   // The metrics of the step just taken: the one read back from the device.
   absl::StatusOr<StepMetrics> ReadMetrics(const TttOutputs& out, const torch::Tensor& global_valid,
                                           const torch::Tensor& grad_norm, double lr);
-  void SetUpGradientBuckets();
-  void PrepareGradientBuckets();
-  struct GradBucket;
-  void LaunchBucket(GradBucket& bucket);
-  absl::Status SyncGradients();
-  absl::Status BroadcastParameters();
-  absl::Status SaveCheckpoint();
-  absl::Status TryResume();
   absl::Status Export();
-  void Log(const StepMetrics& m);
 
   TrainerConfig config_;
   int rank_ = 0;
@@ -193,14 +185,17 @@ class Trainer final {
   CpLayout layout_;
   CpGroups cp_groups_;
   std::unique_ptr<SampleSource> source_;
+  std::string source_name_;  // for errors: where the samples come from
   std::unique_ptr<Eagle3Draft> draft_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<TrainState> state_;
+  std::unique_ptr<MetricsSink> metrics_;  // rank 0
+  std::optional<EpochPlan> plan_;
   LrSchedule schedule_;
   int64_t steps_per_epoch_ = 0;
   int64_t total_steps_ = 0;
   int64_t step_ = 0;  // completed optimizer steps
-  int64_t cached_epoch_ = -1;
-  std::vector<std::vector<int64_t>> cached_plan_;
   std::vector<StepMetrics> history_;
   // Since the last metric record: this rank's tokens and when the first
   // step after it began.
@@ -208,21 +203,12 @@ class Trainer final {
   bool record_open_ = false;
   std::chrono::steady_clock::time_point record_start_;
   std::vector<int> capture_;
-  // DDP: flat gradient buckets reduced while backward runs (see
-  // SetUpGradientBuckets).
-  struct GradBucket {
-    std::vector<size_t> params;    // indices into draft_->parameters()
-    std::vector<int64_t> offsets;  // element offset of each in `flat`
-    torch::Tensor flat;
-    int64_t pending = 0;
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-  std::vector<GradBucket> buckets_;
-  size_t next_bucket_ = 0;  // buckets are launched in index order
-  // batch_tokens mode: samples packed once into batches (see EpochPlan).
-  std::vector<std::vector<int64_t>> token_batches_;
-  std::unique_ptr<class TensorBoardWriter> tensorboard_;
 };
+
+// The samples a config names: the teachers' streams (online: needs
+// config.teacher_connector) or the offline store.
+absl::StatusOr<std::unique_ptr<SampleSource>> OpenSampleSource(const TrainerConfig& config,
+                                                               int rank);
 
 // A rank's device from a training.device setting (job_config.h) and its
 // LOCAL_RANK: "auto" is cuda:LOCAL_RANK when this LibTorch sees CUDA, else
@@ -246,9 +232,6 @@ struct EvalResult {
 };
 absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, int ttt_steps,
                                     int64_t max_length, torch::Dtype dtype);
-
-// Σ_k Π_{j≤k} acc_j.
-double SimulatedAcceptLength(const std::vector<double>& acc_k);
 
 }  // namespace specstream::student
 

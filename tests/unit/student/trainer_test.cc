@@ -394,5 +394,62 @@ TEST_F(TrainerTest, BadConfigsAreRefusedClearly) {
   EXPECT_NE(r.status().message().find("covers 1000 target ids"), std::string::npos) << r.status();
 }
 
+// A source in front of the store that breaks on cue: at one sample it
+// returns an error, or hands out a tensor of the wrong shape.
+class BreakingSource final : public SampleSource {
+ public:
+  enum class Break { kError, kBadShape };
+  BreakingSource(std::unique_ptr<SampleSource> inner, int64_t at, Break how)
+      : inner_(std::move(inner)), at_(at), how_(how) {}
+  int64_t size() const override { return inner_->size(); }
+  absl::StatusOr<TrainingSample> Get(int64_t index) override {
+    absl::StatusOr<TrainingSample> s = inner_->Get(index);
+    if (index != at_ || !s.ok()) return s;
+    if (how_ == Break::kError) return absl::UnavailableError("teacher went away at sample");
+    s->aux_hidden = s->aux_hidden.narrow(1, 0, 5);  // not C·H wide
+    return s;
+  }
+  absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override {
+    return inner_->GetRows(index, rows);
+  }
+  const ModelContract& model() const override { return inner_->model(); }
+  int64_t Length(int64_t index) const override { return inner_->Length(index); }
+  bool has_target_ids() const override { return inner_->has_target_ids(); }
+  absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,
+                        std::vector<uint8_t>* mask) override {
+    return inner_->TokenIds(index, ids, mask);
+  }
+
+ private:
+  std::unique_ptr<SampleSource> inner_;
+  int64_t at_;
+  Break how_;
+};
+
+TEST_F(TrainerTest, AnInjectedSourcesFailuresEndTheStepWithAStatus) {
+  for (BreakingSource::Break how :
+       {BreakingSource::Break::kError, BreakingSource::Break::kBadShape}) {
+    TrainerConfig c = Config();
+    auto store = StoreSource::Open(c.store);
+    ASSERT_TRUE(store.ok()) << store.status();
+    // Every sample is read in the first epoch (24 samples, batches of 4).
+    auto trainer =
+        Trainer::Create(c, std::make_unique<BreakingSource>(*std::move(store), 11, how), 0, 1, {});
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    absl::Status run = (*trainer)->RunSteps(6);
+    ASSERT_FALSE(run.ok());
+    if (how == BreakingSource::Break::kError) {
+      EXPECT_EQ(run.code(), absl::StatusCode::kUnavailable) << run;
+    } else {
+      // A LibTorch shape error inside the step, caught and named.
+      EXPECT_NE(run.message().find("training step"), std::string::npos) << run;
+    }
+    EXPECT_LT((*trainer)->step(), 6);
+  }
+  TrainerConfig c = Config();
+  EXPECT_EQ(Trainer::Create(c, nullptr, 0, 1, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace specstream::student
