@@ -167,8 +167,11 @@ absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& con
 
   const std::string name = CheckpointDirName(step);
   const std::string final_dir = StepDir(step);
-  ASSIGN_OR_RETURN(std::string tmp_dir,
-                   MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, name, "-")));
+  Env& env = Env::Or(options_.env);
+  absl::StatusOr<std::string> made =
+      env.MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, name, "-"));
+  if (!made.ok()) return Annotate(made.status(), absl::StrCat("saving checkpoint ", final_dir));
+  const std::string tmp_dir = *std::move(made);
   std::string replaced;  // An older step-N moved aside, removed at the end.
   auto fail = [&](const absl::Status& status) {
     RemoveAllQuietly(tmp_dir);
@@ -178,14 +181,14 @@ absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& con
   nlohmann::json manifest = {{"format", kFormat}, {"step", step}, {"world_size", world}};
   nlohmann::json& sizes = manifest["files"] = nlohmann::json::object();
   for (const auto& [file, bytes] : files) {
-    absl::Status status = WriteFileAtomically(absl::StrCat(tmp_dir, "/", file), *bytes);
+    absl::Status status = env.WriteFileAtomically(absl::StrCat(tmp_dir, "/", file), *bytes);
     if (!status.ok()) return fail(status);
     sizes[file] = bytes->size();
   }
   // The manifest goes last: a directory with a valid manifest has every file.
   absl::Status status =
-      WriteFileAtomically(absl::StrCat(tmp_dir, "/", kManifestFile), manifest.dump(2) + "\n");
-  if (status.ok()) status = FsyncDirectory(tmp_dir);
+      env.WriteFileAtomically(absl::StrCat(tmp_dir, "/", kManifestFile), manifest.dump(2) + "\n");
+  if (status.ok()) status = env.FsyncDirectory(tmp_dir);
   if (!status.ok()) return fail(status);
   if (CrashAt("tmp_written")) return absl::AbortedError("checkpoint: simulated crash");
 
@@ -193,23 +196,29 @@ absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& con
   if (lstat(final_dir.c_str(), &st) == 0) {
     // rename(2) cannot replace a non-empty directory: move the old one aside
     // (onto an empty temporary, which rename may replace) first.
-    auto aside = MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, "replaced-", name, "-"));
+    auto aside =
+        env.MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, "replaced-", name, "-"));
     if (!aside.ok()) return fail(aside.status());
-    if (rename(final_dir.c_str(), aside->c_str()) != 0) {
-      absl::Status error = ErrnoStatus("cannot move aside", final_dir);
+    absl::Status moved = env.Rename(final_dir, *aside);
+    if (!moved.ok()) {
       RemoveAllQuietly(*aside);
-      return fail(error);
+      return fail(Annotate(moved, "moving the old directory aside"));
     }
     replaced = *aside;
   }
-  if (rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-    return fail(ErrnoStatus("cannot rename into", final_dir));
+  status = env.Rename(tmp_dir, final_dir);
+  if (!status.ok()) {
+    // The older step-N goes back where it was: a failed replace loses nothing.
+    if (!replaced.empty() && !env.Rename(replaced, final_dir).ok()) {
+      SS_LOG_WARN("checkpoint: cannot move {} back to {}", replaced, final_dir);
+    }
+    return fail(status);
   }
-  status = FsyncDirectory(root());
+  status = env.FsyncDirectory(root());
   if (!status.ok()) return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
   if (CrashAt("renamed")) return absl::AbortedError("checkpoint: simulated crash");
 
-  status = WriteFileAtomically(absl::StrCat(root(), "/", kLatestFile), name + "\n");
+  status = env.WriteFileAtomically(absl::StrCat(root(), "/", kLatestFile), name + "\n");
   if (!status.ok()) return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
   if (!replaced.empty()) RemoveAllQuietly(replaced);
   SS_LOG_INFO("checkpoint: saved step {} to {}", step, final_dir);
@@ -229,8 +238,9 @@ absl::Status CheckpointManager::Prune(int64_t just_saved) const {
     // Rename first so a crash mid-removal leaves a .tmp-* (cleaned by Create),
     // never a step directory with some of its files.
     const std::string dir = StepDir(older[i]);
-    auto doomed = MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, "pruned-"));
-    if (!doomed.ok() || rename(dir.c_str(), doomed->c_str()) != 0) {
+    Env& env = Env::Or(options_.env);
+    auto doomed = env.MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, "pruned-"));
+    if (!doomed.ok() || !env.Rename(dir, *doomed).ok()) {
       SS_LOG_WARN("checkpoint: cannot prune {}", dir);
       if (doomed.ok()) RemoveAllQuietly(*doomed);
       continue;

@@ -49,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/env.h"
 #include "nlohmann/json.hpp"
 
 namespace specstream::student {
@@ -75,6 +76,9 @@ struct CheckpointOptions {
   // creates the root nor cleans it (a writer may be mid-save), and Save is
   // refused with FailedPrecondition.
   bool read_only = false;
+  // The filesystem's durability steps (atomic writes, renames, directory
+  // fsyncs): null is Env::Default(); tests inject faults through it.
+  Env* env = nullptr;
 };
 
 // Directory name of a step: "step-00000123" (at least 8 digits).

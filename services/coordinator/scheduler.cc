@@ -118,7 +118,7 @@ struct Scheduler::State {
   std::map<std::string, ActiveJob> active ABSL_GUARDED_BY(mu);
   std::vector<std::string> fifo ABSL_GUARDED_BY(mu);  // active ids, oldest first
 
-  absl::Time Now() const { return options.clock ? options.clock() : absl::Now(); }
+  absl::Time Now() const { return Env::Or(options.env).Now(); }
 
   // Writes the job (and events) through to the store and wakes watchers. A
   // store failure is logged: the in-memory state stays authoritative until

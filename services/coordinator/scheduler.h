@@ -27,13 +27,13 @@
 #ifndef SPECSTREAM_SERVICES_COORDINATOR_SCHEDULER_H_
 #define SPECSTREAM_SERVICES_COORDINATOR_SCHEDULER_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "common/metrics_http.h"
 #include "services/coordinator/job_store.h"
 #include "specstream/v1/coordinator.pb.h"
@@ -44,8 +44,8 @@ struct SchedulerOptions {
   JobStore* store = nullptr;  // required; outlives the scheduler
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration lost_after = absl::Seconds(10);
-  // Injected in tests; defaults to absl::Now.
-  std::function<absl::Time()> clock;
+  // The clock (Env::Now); null is Env::Default(). Tests pass a FakeEnv.
+  Env* env = nullptr;
 };
 
 class Scheduler final {

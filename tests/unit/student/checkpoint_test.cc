@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_env.h"
 #include "tests/testing/testing.h"
 
 namespace specstream::student {
@@ -213,6 +214,79 @@ TEST(CheckpointTest, CrashAfterRenameKeepsBothCompleteSteps) {
   EXPECT_EQ(**manager->LatestStep(), 1);
   auto restarted = Make(dir.path());
   EXPECT_EQ(*restarted->ListSteps(), (std::vector<int64_t>{1, 2}));
+}
+
+// Filesystem faults at each durability step of Save (tests/testing/fake_env.h):
+// the error names the checkpoint, the last good step stays the latest and
+// loadable, and nothing half-written is left once a manager is created again.
+TEST(CheckpointTest, FilesystemFaultsAtEachStepLoseNothing) {
+  using Op = testing::FakeEnv::Op;
+  struct Case {
+    Op op;
+    std::string path_part;
+    int nth;
+  };
+  const std::vector<Case> cases = {
+      {Op::kMakeTempDirectory, "/.tmp-step-", 1},
+      {Op::kWriteFileAtomically, "/draft.safetensors", 1},
+      {Op::kWriteFileAtomically, "/rng-rank", 1},
+      {Op::kFsyncDirectory, "/.tmp-step-", 1},
+      {Op::kRename, "/.tmp-step-", 1},
+      {Op::kWriteFileAtomically, "/latest", 1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path_part);
+    testing::TempDir dir;
+    testing::FakeEnv env;
+    CheckpointOptions options;
+    options.root = dir.path();
+    options.env = &env;
+    auto manager = CheckpointManager::Create(options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    CheckpointContents first = Sample(1);
+    ASSERT_TRUE((*manager)->Save(1, first).ok());
+    env.FailOn(c.op, c.path_part, absl::InternalError("injected: disk on fire"), c.nth);
+    absl::Status saved = (*manager)->Save(2, Sample(2));
+    EXPECT_EQ(env.pending_faults(), 0) << "the fault never fired";
+    ASSERT_FALSE(saved.ok());
+    EXPECT_THAT(std::string(saved.message()), HasSubstr("saving checkpoint"));
+    EXPECT_THAT(std::string(saved.message()), HasSubstr("disk on fire"));
+    auto restarted = Make(dir.path());
+    auto latest = restarted->LatestStep();
+    ASSERT_TRUE(latest.ok() && latest->has_value());
+    // Before the rename the new step does not exist; after it, step 2 is
+    // complete but `latest` still names step 1, which is complete too.
+    const bool renamed = c.op == Op::kWriteFileAtomically && c.path_part == "/latest";
+    EXPECT_EQ(**latest, 1);
+    const std::vector<int64_t> steps =
+        renamed ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1};
+    EXPECT_EQ(*restarted->ListSteps(), steps);
+    auto loaded = restarted->Load(1);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ExpectSame(first, *loaded);
+    EXPECT_FALSE(HasTmp(dir.path()));
+  }
+}
+
+TEST(CheckpointTest, AFailedReplaceKeepsTheStepItWouldHaveReplaced) {
+  testing::TempDir dir;
+  testing::FakeEnv env;
+  CheckpointOptions options;
+  options.root = dir.path();
+  options.env = &env;
+  auto manager = CheckpointManager::Create(options);
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  CheckpointContents first = Sample(1);
+  ASSERT_TRUE((*manager)->Save(7, first).ok());
+  // Step 7 again: the old directory is moved aside, then the new one's
+  // rename into place fails.
+  env.FailOn(testing::FakeEnv::Op::kRename, "/.tmp-step-", absl::InternalError("injected"));
+  EXPECT_FALSE((*manager)->Save(7, Sample(2)).ok());
+  auto restarted = Make(dir.path());
+  auto loaded = restarted->Load(7);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSame(first, *loaded);
+  EXPECT_FALSE(HasTmp(dir.path()));
 }
 
 TEST(CheckpointTest, MissingLatestFallsBackToNewestCompleteStep) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/fake_env.h"
 #include "tests/testing/testing.h"
 
 namespace specstream::services {
@@ -26,7 +27,7 @@ class SchedulerTest : public ::testing::Test {
     options.store = store_.get();
     options.heartbeat_interval = absl::Seconds(1);
     options.lost_after = absl::Seconds(10);
-    options.clock = [this] { return now_; };
+    options.env = &env_;
     auto scheduler = Scheduler::Create(options);
     ASSERT_TRUE(scheduler.ok()) << scheduler.status();
     scheduler_ = std::move(*scheduler);
@@ -117,7 +118,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
+  testing::FakeEnv env_;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<Scheduler> scheduler_;
 };
@@ -176,7 +177,7 @@ TEST_F(SchedulerTest, LostDaemonRestartsFromCheckpointUntilMaxRestarts) {
   const std::string survivor = Job("job").ranks(0).daemon_id();
   // The victim goes silent; the others keep beating.
   for (int i = 0; i < 11; ++i) {
-    now_ += absl::Seconds(1);
+    env_.Advance(absl::Seconds(1));
     Beat(survivor, {Running(a[0], 29555)});
     Beat("s3");
     Beat("t1");
@@ -199,7 +200,7 @@ TEST_F(SchedulerTest, LostDaemonRestartsFromCheckpointUntilMaxRestarts) {
   const std::string second_victim = job.ranks(1).daemon_id();
   const std::string second_survivor = job.ranks(0).daemon_id();
   for (int i = 0; i < 11; ++i) {
-    now_ += absl::Seconds(1);
+    env_.Advance(absl::Seconds(1));
     Beat(second_survivor, {Running(b[0], 29555)});
   }
   job = Job("job");
@@ -220,7 +221,7 @@ TEST_F(SchedulerTest, FailingRankFailsTheJobAfterTheGraceAndStopsTheOthers) {
   v1::HeartbeatResponse reply = Beat("s1", {Running(a[0], 29555)});
   EXPECT_EQ(reply.stop_size(), 1);
   EXPECT_EQ(Job("job").state(), v1::JOB_STATE_RUNNING);
-  now_ += absl::Seconds(11);
+  env_.Advance(absl::Seconds(11));
   Beat("s1", {Exited(a[0], 143)});
   v1::Job job = Job("job");
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
@@ -264,7 +265,7 @@ TEST_F(SchedulerTest, RunningJobSurvivesACoordinatorRestart) {
   RegisterStudent("s1", {Running(a[0], 29555)});
   RegisterStudent("s2", {Running(a[1])});
   for (int i = 0; i < 6; ++i) {
-    now_ += absl::Seconds(5);
+    env_.Advance(absl::Seconds(5));
     EXPECT_EQ(Beat("s1", {Running(a[0], 29555)}).start_size(), 0);  // nothing restarted
     Beat("s2", {Running(a[1])});
     Beat("t1");
@@ -283,7 +284,7 @@ TEST_F(SchedulerTest, UnclaimedPlacementAfterRestartCountsAsLost) {
   Open();
   RegisterTeacher("t1", "/models/target");
   RegisterStudent("s1", {Running(a[0], 29555)});
-  now_ += absl::Seconds(11);  // s2 never comes back
+  env_.Advance(absl::Seconds(11));  // s2 never comes back
   Beat("s1", {Running(a[0], 29555)});
   v1::Job job = Job("job");
   EXPECT_EQ(job.attempt(), 1);
@@ -310,7 +311,7 @@ TEST_F(SchedulerTest, DaemonBackWithoutItsRankAfterARestartCountsAsLost) {
   RegisterStudent("s2");  // back, but without rank 1 (it restarted too)
   EXPECT_EQ(Job("job").state(), v1::JOB_STATE_RUNNING);  // within the claim window
   for (int i = 0; i < 3; ++i) {
-    now_ += absl::Seconds(4);
+    env_.Advance(absl::Seconds(4));
     Beat("t1");
     Beat("s2");
     Beat("s1", {Running(a[0], 29555)});
@@ -350,7 +351,7 @@ TEST_F(SchedulerTest, ExitsRecordedBeforeARestartAreDecidedAfterIt) {
   RegisterTeacher("t1", "/models/target");
   RegisterStudent("s1", {Exited(a, 2)});
   EXPECT_EQ(Job("bad").state(), v1::JOB_STATE_RUNNING);  // deciding
-  now_ += absl::Seconds(11);
+  env_.Advance(absl::Seconds(11));
   Beat("s1");
   EXPECT_EQ(Job("bad").state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(Job("bad").reason(), "rank 0 exited with code 2");
