@@ -439,11 +439,9 @@ TEST_F(GpuTrainingTest, OnlineFromAGpuTeacherTrainsLikeOffline) {
             PeerEnv("gpu-test-teacher"), dir_.Join("teacher.log"));
   ASSERT_GT(teacher, 0);
   testing::ApplyEnv(testing::NcclPeerEnv(CudaDevices(), "gpu-test-student"));
-  for (int i = 0; i < 600 && !std::filesystem::exists(port_file); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(std::filesystem::exists(port_file)) << ReadLog(dir_.Join("teacher.log"));
-  const std::string address = "127.0.0.1:" + testing::ReadFile(port_file);
+  const int port = testing::WaitForPortFile(port_file);
+  ASSERT_GT(port, 0) << ReadLog(dir_.Join("teacher.log"));
+  const std::string address = "127.0.0.1:" + std::to_string(port);
   auto config = [&](const std::string& transport) {
     student::TrainerConfig c;
     c.target_dir = dir_.Join("target");

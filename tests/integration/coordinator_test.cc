@@ -152,15 +152,9 @@ class CoordinatorTest : public ::testing::Test {
 
   // Waits for a port file and returns its number.
   int WaitForPort(const std::string& file, const std::string& log_name) {
-    for (int i = 0; i < 600; ++i) {
-      if (std::filesystem::exists(file)) {
-        const std::string text = testing::ReadFile(file);
-        if (!text.empty()) return std::stoi(text);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    ADD_FAILURE() << "no port in " << file << ":\n" << Log(log_name);
-    return 0;
+    const int port = testing::WaitForPortFile(file);
+    if (port == 0) ADD_FAILURE() << "no port in " << file << ":\n" << Log(log_name);
+    return port;
   }
 
   void StartCoordinator(int port = 0, const std::string& extra = "") {
@@ -212,14 +206,13 @@ class CoordinatorTest : public ::testing::Test {
   // Polls until `predicate(status json)` holds or the timeout passes.
   bool WaitFor(const std::string& id, const std::function<bool(const nlohmann::json&)>& predicate,
                int seconds) {
-    for (int i = 0; i < seconds * 5; ++i) {
-      if (Cli("status " + id + " -o json") == 0) {
-        auto job = nlohmann::json::parse(CliOut(), nullptr, false);
-        if (!job.is_discarded() && predicate(job)) return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return false;
+    return testing::WaitUntil(
+        [&] {
+          if (Cli("status " + id + " -o json") != 0) return false;
+          auto job = nlohmann::json::parse(CliOut(), nullptr, false);
+          return !job.is_discarded() && predicate(job);
+        },
+        absl::Seconds(seconds), absl::Milliseconds(200));
   }
 
   static int64_t Step(const nlohmann::json& job) {
@@ -385,8 +378,7 @@ TEST_F(CoordinatorTest, CoordinatorRestartedMidJob) {
       },
       120))
       << Log("coordinator") << Log("s0");
-  Kill("coordinator", SIGKILL);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  Kill("coordinator", SIGKILL);  // and reaped: its port is free again
   StartCoordinator(coordinator_port_);
   EXPECT_EQ(Status("coord-1")["state"], "JOB_STATE_RUNNING");
   ASSERT_EQ(Cli("wait coord-1 --timeout 300"), 0)

@@ -219,16 +219,9 @@ class MultiHostTest : public ::testing::Test {
 
   // The bound port a daemon wrote to <name>.port.
   int WaitPort(const std::string& name) {
-    const std::string file = dir_.Join(name + ".port");
-    for (int i = 0; i < 600; ++i) {
-      if (std::filesystem::exists(file)) {
-        const std::string text = testing::ReadFile(file);
-        if (!text.empty()) return std::stoi(text);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    ADD_FAILURE() << "no port from " << name << ":\n" << Log(name);
-    return 0;
+    const int port = testing::WaitForPortFile(dir_.Join(name + ".port"));
+    if (port == 0) ADD_FAILURE() << "no port from " << name << ":\n" << Log(name);
+    return port;
   }
 
   // `binary` with whitespace-separated `args` on `host`, output in <name>.log.
@@ -294,11 +287,8 @@ class MultiHostTest : public ::testing::Test {
     return last.is_object() && last.contains("step") ? last["step"].get<int64_t>() : 0;
   }
   bool WaitForStep(const std::string& name, int64_t step, int seconds) {
-    for (int i = 0; i < seconds * 10; ++i) {
-      if (MetricsStep(name) >= step) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
+    return testing::WaitUntil([&] { return MetricsStep(name) >= step; }, absl::Seconds(seconds),
+                              absl::Milliseconds(100));
   }
 
   testing::TempDir dir_;
@@ -397,18 +387,20 @@ TEST_F(MultiHostTest, RankMissingFromRendezvousEndsEveryRankWithinTheDeadline) {
   // joins" line shows in its log (polled every 20 ms) to its exit.
   std::vector<std::optional<Clock::time_point>> joined(2), exited(2);
   std::vector<int> codes(2, -1);
-  while ((!exited[0] || !exited[1]) && Clock::now() - start < std::chrono::seconds(60)) {
-    for (int rank = 0; rank < 2; ++rank) {
-      if (!joined[rank] &&
-          Log("missing-rank" + std::to_string(rank)).find(" binds ") != std::string::npos) {
-        joined[rank] = Clock::now();
-      }
-      if (!exited[rank] && (codes[rank] = hosts_->Poll(pids[rank])) != -1) {
-        exited[rank] = Clock::now();
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  testing::WaitUntil(
+      [&] {
+        for (int rank = 0; rank < 2; ++rank) {
+          if (!joined[rank] &&
+              Log("missing-rank" + std::to_string(rank)).find(" binds ") != std::string::npos) {
+            joined[rank] = Clock::now();
+          }
+          if (!exited[rank] && (codes[rank] = hosts_->Poll(pids[rank])) != -1) {
+            exited[rank] = Clock::now();
+          }
+        }
+        return exited[0] && exited[1];
+      },
+      absl::Seconds(60));
   for (int rank = 0; rank < 2; ++rank) {
     const std::string log = Log("missing-rank" + std::to_string(rank));
     ASSERT_TRUE(joined[rank] && exited[rank]) << log;
@@ -444,9 +436,10 @@ TEST_F(MultiHostTest, RendezvousFailuresAreNamedAndFast) {
     hosts_->Kill(pids[2], SIGKILL);
     hosts_->Wait(pids[2]);
     // Rank 1 is waiting for rank 2 once its join shows in its log.
-    for (int i = 0; i < 200 && Log("dead0-rank1").find("binds") == std::string::npos; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    testing::WaitUntil([&] { return Log("dead0-rank1").find("binds") != std::string::npos; },
+                       absl::Seconds(20), absl::Milliseconds(100));
+    // Not a wait: rank 1 spends a second inside its rendezvous before rank 0
+    // dies, so the test measures a failure noticed mid-wait.
     std::this_thread::sleep_for(std::chrono::seconds(1));
     const auto killed = Clock::now();
     hosts_->Kill(pids[0], SIGKILL);
@@ -618,6 +611,7 @@ TEST_F(MultiHostTest, CoordinatorUnreachableForTenSecondsJobKeepsTraining) {
   ASSERT_TRUE(hosts_->SetLink(0, false).ok());
   const int64_t before = MetricsStep("outage");
   EXPECT_NE(Cli(4, coordinator, {"status", "outage-1", "--timeout", "2"}), 0);
+  // Not a wait: the outage lasts ten seconds, whatever happens in them.
   std::this_thread::sleep_for(std::chrono::seconds(10));
   const int64_t during = MetricsStep("outage");
   ASSERT_TRUE(hosts_->SetLink(0, true).ok());
@@ -852,10 +846,11 @@ TEST_F(MultiHostTest, KubernetesSmokeJobRunsPodByPod) {
 
   // From outside: the overlay's job file, through the coordinator Service.
   const std::string address = "specstream-coordinator:7000";
-  for (int i = 0; i < 100; ++i) {
-    if (Cli(outside, address, {"list", "--timeout", "2"}) == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  testing::WaitUntil(
+      [&] {
+        return Cli(outside, address, {"list", "--timeout", "2"}) == 0;
+      },
+      absl::Seconds(60), absl::Milliseconds(200));
   auto logs = [&] {
     std::string all;
     for (const Pod& pod : pods) {

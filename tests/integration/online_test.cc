@@ -392,14 +392,8 @@ pid_t Spawn(const std::vector<std::string>& args) {
 }
 
 std::string WaitForPortFile(const std::string& path) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::ifstream in(path);
-    std::string port;
-    if (in >> port && !port.empty()) return "127.0.0.1:" + port;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return "";
+  const int port = testing::WaitForPortFile(path);
+  return port > 0 ? "127.0.0.1:" + std::to_string(port) : "";
 }
 
 TEST_F(OnlineTest, KilledTeacherMidEpochEverySampleTrainedExactlyOnce) {
@@ -428,6 +422,7 @@ TEST_F(OnlineTest, KilledTeacherMidEpochEverySampleTrainedExactlyOnce) {
   // while the trainer waits: those samples must come from teacher 1.
   ASSERT_EQ(kill(pids[0], SIGSTOP), 0);
   std::thread killer([&] {
+    // Not a wait: teacher 0 stays frozen for 1.5 s before it dies.
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     kill(pids[0], SIGKILL);
   });

@@ -119,13 +119,9 @@ TEST_F(StudentCliTest, TrainOnlineFromATeacherDaemon) {
                             port_file + " --keep-target-ids >" + dir_.Join("serve.log") +
                             " 2>&1 & echo $! >" + dir_.Join("serve.pid");
   ASSERT_EQ(std::system(serve.c_str()), 0);
-  std::string port;
-  for (int i = 0; i < 600 && port.empty(); ++i) {
-    if (std::filesystem::exists(port_file)) port = testing::ReadFile(port_file);
-    if (port.empty()) usleep(100000);
-  }
-  ASSERT_FALSE(port.empty()) << testing::ReadFile(dir_.Join("serve.log"));
-  port.erase(port.find_last_not_of("\n") + 1);
+  const int port_number = testing::WaitForPortFile(port_file);
+  ASSERT_GT(port_number, 0) << testing::ReadFile(dir_.Join("serve.log"));
+  const std::string port = std::to_string(port_number);
   std::string job = JobYaml();
   job.replace(job.find("  store: "), job.find("\n", job.find("  store: ")) - job.find("  store: "),
               "  tokenized: " + dir_.Join("data.jsonl") + "\n  teachers: [\"127.0.0.1:" + port +

@@ -208,12 +208,8 @@ TEST_F(TeacherCliTest, ServeStreamsSamplesAndExitsCleanlyOnSigterm) {
   pid_t pid = 0;
   ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
   auto exited = [&](std::chrono::seconds timeout, int* wstatus) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (waitpid(pid, wstatus, WNOHANG) == pid) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+    return testing::WaitUntil([&] { return waitpid(pid, wstatus, WNOHANG) == pid; },
+                              absl::FromChrono(timeout));
   };
   struct Reaper {  // a failed assertion never leaves the server running
     pid_t pid;
@@ -227,14 +223,17 @@ TEST_F(TeacherCliTest, ServeStreamsSamplesAndExitsCleanlyOnSigterm) {
   } reaper{pid};
 
   int wstatus = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!testing::FileExists(port_file)) {
-    if (waitpid(pid, &wstatus, WNOHANG) == pid) {
-      reaper.reaped = true;
-      FAIL() << "serve exited (" << wstatus << "): " << Stderr();
-    }
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no port file: " << Stderr();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  bool died = false;
+  testing::WaitUntil(
+      [&] {
+        died = waitpid(pid, &wstatus, WNOHANG) == pid;
+        return died || testing::FileExists(port_file);
+      },
+      absl::Seconds(120));
+  reaper.reaped = died;
+  if (!testing::FileExists(port_file)) {
+    ASSERT_FALSE(died) << "serve exited (" << wstatus << "): " << Stderr();
+    FAIL() << "no port file: " << Stderr();
   }
   int port = 0;
   ASSERT_TRUE(absl::SimpleAtoi(absl::StripSuffix(testing::ReadFile(port_file), "\n"), &port));

@@ -3,11 +3,13 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace specstream::testing {
@@ -46,6 +48,27 @@ std::string ReadFile(const std::string& path) {
 }
 
 bool FileExists(const std::string& path) { return std::filesystem::exists(path); }
+
+bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout,
+               absl::Duration poll) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (condition()) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(std::min(poll, deadline - absl::Now()));
+  }
+}
+
+int WaitForPortFile(const std::string& path, absl::Duration timeout) {
+  int port = 0;
+  WaitUntil(
+      [&] {
+        std::ifstream in(path);
+        return static_cast<bool>(in >> port) && port > 0;
+      },
+      timeout, absl::Milliseconds(50));
+  return port > 0 ? port : 0;
+}
 
 std::string SourceDir() { return SPECSTREAM_SOURCE_DIR; }
 std::string BinaryDir() { return SPECSTREAM_BINARY_DIR; }

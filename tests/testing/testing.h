@@ -2,7 +2,10 @@
 #ifndef SPECSTREAM_TESTS_TESTING_TESTING_H_
 #define SPECSTREAM_TESTS_TESTING_TESTING_H_
 
+#include <functional>
 #include <string>
+
+#include "absl/time/time.h"
 
 namespace specstream::testing {
 
@@ -26,6 +29,17 @@ void WriteFile(const std::string& path, const std::string& contents);
 // Reads the whole file; aborts the test on failure.
 std::string ReadFile(const std::string& path);
 bool FileExists(const std::string& path);
+
+// Polls `condition` every `poll` until it holds (true) or `timeout` passes
+// (false). For states that give no signal to block on: a port file another
+// process writes, a log line, a child's exit. A wait with a signal (a
+// condition variable, a future, an Await* of a fake) should use the signal.
+bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout,
+               absl::Duration poll = absl::Milliseconds(20));
+
+// The port a daemon wrote to `path` (--port-file), once the file holds one;
+// 0 when none appears within `timeout`.
+int WaitForPortFile(const std::string& path, absl::Duration timeout = absl::Seconds(60));
 
 // The repository root and the build directory.
 std::string SourceDir();

@@ -363,15 +363,12 @@ class JobCommandsTest : public ::testing::Test {
       return result;
     }
     int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (absl::Now() - start > absl::Seconds(30)) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        ADD_FAILURE() << "killed after 30 s: " << absl::StrJoin(args, " ");
-        status = -1;
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
+    if (!testing::WaitUntil([&] { return waitpid(pid, &status, WNOHANG) != 0; }, absl::Seconds(30),
+                            absl::Milliseconds(10))) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << "killed after 30 s: " << absl::StrJoin(args, " ");
+      status = -1;
     }
     result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
@@ -666,14 +663,20 @@ TEST_F(JobCommandsTest, FollowSurvivesACoordinatorRestart) {
   fake_.Append("r-2", LogEvent(0, "before"));
   auto follow = RunCliAsync(With({"logs", "r-2", "-f"}));
   ASSERT_TRUE(fake_.AwaitWatchCalls(1));
-  absl::SleepFor(absl::Milliseconds(200));  // "before" is printed
+  // The CLI's first run writes stdout0 and stderr0.
+  auto printed = [&](const std::string& file, const std::string& text) {
+    return testing::WaitUntil(
+        [&] { return testing::ReadFile(dir_.Join(file)).find(text) != std::string::npos; },
+        absl::Seconds(20));
+  };
+  ASSERT_TRUE(printed("stdout0", "before"));
 
   // The coordinator goes away mid-stream and comes back on the same port
   // with the same job (its store survived).
   server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();
   server_.reset();
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(printed("stderr0", "reconnecting"));  // the CLI saw it go
   FakeJobService restarted;
   restarted.PutJob(MakeJob("r-2", v1::JOB_STATE_RUNNING, 1));
   restarted.Append("r-2", LogEvent(0, "before"));

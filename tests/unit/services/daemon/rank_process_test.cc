@@ -29,13 +29,24 @@ RankProcessOptions Shell(const std::string& script) {
 
 // Waits for the exit (or fails the test after `timeout`).
 std::optional<int> WaitExit(RankProcess& process, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (auto code = process.ExitCode()) return code;
-    absl::SleepFor(absl::Milliseconds(10));
+  std::optional<int> code;
+  if (testing::WaitUntil([&] { return (code = process.ExitCode()).has_value(); }, timeout,
+                         absl::Milliseconds(10))) {
+    return code;
   }
   ADD_FAILURE() << "child did not exit within " << timeout;
   return std::nullopt;
+}
+
+// Waits until the child has printed `text` as a line (or 5 s pass).
+bool AwaitLine(RankProcess& process, const std::string& text) {
+  bool seen = false;
+  return testing::WaitUntil(
+      [&] {
+        for (const auto& line : process.TakeOutput().lines) seen |= line.text == text;
+        return seen;
+      },
+      absl::Seconds(5), absl::Milliseconds(10));
 }
 
 std::vector<std::string> Texts(const RankProcessOutput& output, const std::string& stream) {
@@ -111,19 +122,20 @@ TEST(RankProcessTest, TailsAMetricsFileCreatedAfterStart) {
   ASSERT_TRUE(process.ok()) << process.status();
   // While it runs, the poller picks lines up without waiting for the exit.
   std::vector<std::string> seen;
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (seen.size() < 2 && absl::Now() < deadline) {
-    for (std::string& line : (*process)->TakeOutput().metrics) seen.push_back(std::move(line));
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  testing::WaitUntil(
+      [&] {
+        for (std::string& line : (*process)->TakeOutput().metrics) seen.push_back(std::move(line));
+        return seen.size() >= 2;
+      },
+      absl::Seconds(10));
   EXPECT_THAT(seen, ElementsAre(R"({"step":1})", R"({"step":2})"));
   EXPECT_EQ(WaitExit(**process), 0);
 }
 
 TEST(RankProcessTest, StopTerminatesPromptly) {
-  auto process = RankProcess::Start(Shell("exec sleep 100"));
+  auto process = RankProcess::Start(Shell("echo ready; exec sleep 100"));
   ASSERT_TRUE(process.ok()) << process.status();
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(AwaitLine(**process, "ready"));
   EXPECT_FALSE((*process)->ExitCode().has_value());
   const absl::Time start = absl::Now();
   (*process)->Stop();
@@ -136,9 +148,9 @@ TEST(RankProcessTest, StopTerminatesPromptly) {
 TEST(RankProcessTest, StopReachesTheWholeProcessGroup) {
   // The shell waits for its child `sleep`: SIGTERM must reach the sleep too,
   // else the shell (which defers the trap while waiting) lingers.
-  auto process = RankProcess::Start(Shell("sleep 100; echo after"));
+  auto process = RankProcess::Start(Shell("echo ready; sleep 100; echo after"));
   ASSERT_TRUE(process.ok()) << process.status();
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(AwaitLine(**process, "ready"));
   const absl::Time start = absl::Now();
   (*process)->Stop();
   const std::optional<int> code = WaitExit(**process, absl::Seconds(4));
@@ -152,17 +164,11 @@ TEST(RankProcessTest, KillsAChildIgnoringSigtermAfterTheGrace) {
   options.stop_grace_seconds = 0.5;
   auto process = RankProcess::Start(options);
   ASSERT_TRUE(process.ok()) << process.status();
-  // Wait until the trap is installed.
-  const absl::Time ready_deadline = absl::Now() + absl::Seconds(5);
-  bool ready = false;
-  while (!ready && absl::Now() < ready_deadline) {
-    for (const auto& line : (*process)->TakeOutput().lines) ready |= line.text == "ready";
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_TRUE(ready);
+  ASSERT_TRUE(AwaitLine(**process, "ready"));  // the trap is installed
   const absl::Time start = absl::Now();
   (*process)->Stop();
   (*process)->Stop();  // a second call changes nothing
+  // Not a wait: for 250 ms of the grace the child must still be there.
   absl::SleepFor(absl::Milliseconds(250));
   EXPECT_FALSE((*process)->ExitCode().has_value()) << "SIGTERM should have been ignored";
   EXPECT_EQ(WaitExit(**process, absl::Seconds(5)), 137);
