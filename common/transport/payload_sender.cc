@@ -16,6 +16,18 @@ namespace {
 // A ring wait re-checks whether its stream has ended this often.
 constexpr absl::Duration kRingWaitSlice = absl::Milliseconds(50);
 
+// Calls fn(offset, n) for the consecutive chunks, at most chunk_bytes each,
+// that cover [0, size), stopping at the first error.
+template <typename Fn>
+absl::Status ForEachChunk(uint64_t size, uint64_t chunk_bytes, Fn fn) {
+  for (uint64_t offset = 0; offset < size;) {
+    const uint64_t n = std::min(chunk_bytes, size - offset);
+    RETURN_IF_ERROR(fn(offset, n));
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
 // Inline: chunks on the stream, their data referenced in place; a chunk that
 // straddles two tensors is the one small copy.
 class InlineSender final : public PayloadSender {
@@ -28,21 +40,15 @@ class InlineSender final : public PayloadSender {
 
   absl::Status Send(uint64_t request_id, const PayloadBytes& payload,
                     PayloadStream& stream) override {
-    for (uint64_t offset = 0; offset < payload.size();) {
-      const uint64_t n = std::min(chunk_bytes_, payload.size() - offset);
+    return ForEachChunk(payload.size(), chunk_bytes_, [&](uint64_t offset, uint64_t n) {
       absl::string_view view = payload.View(offset, n);
-      StreamMessage chunk;
       if (!view.empty()) {
-        chunk = StreamMessage::Chunk(request_id, offset, view, payload.owner());
-      } else {
-        auto joined = std::make_shared<std::string>(n, '\0');
-        payload.CopyTo(offset, n, joined->data());
-        chunk = StreamMessage::Chunk(request_id, offset, *joined, joined);
+        return stream.Emit(StreamMessage::Chunk(request_id, offset, view, payload.owner()));
       }
-      RETURN_IF_ERROR(stream.Emit(std::move(chunk)));
-      offset += n;
-    }
-    return absl::OkStatus();
+      auto joined = std::make_shared<std::string>(n, '\0');
+      payload.CopyTo(offset, n, joined->data());
+      return stream.Emit(StreamMessage::Chunk(request_id, offset, *joined, joined));
+    });
   }
 
  private:
@@ -63,21 +69,19 @@ class ShmSender final : public PayloadSender {
 
   absl::Status Send(uint64_t request_id, const PayloadBytes& payload,
                     PayloadStream& stream) override {
-    for (uint64_t offset = 0; offset < payload.size();) {
-      const uint64_t n = std::min(chunk_bytes_, payload.size() - offset);
-      ASSIGN_OR_RETURN(ShmRing::Reservation record, Reserve(n, stream));
-      payload.CopyTo(offset, n, record.data.data());
-      RETURN_IF_ERROR(ring_->Commit());
-      v1::StreamResponse response;
-      v1::StreamResponse::PayloadChunk* chunk = response.mutable_chunk();
-      chunk->set_request_id(request_id);
-      chunk->set_offset(offset);
-      chunk->mutable_shm()->set_position(record.position);
-      chunk->mutable_shm()->set_length(n);
-      RETURN_IF_ERROR(stream.Emit(StreamMessage::Proto(std::move(response))));
-      offset += n;
-    }
-    return absl::OkStatus();
+    return ForEachChunk(payload.size(), chunk_bytes_,
+                        [&](uint64_t offset, uint64_t n) -> absl::Status {
+                          ASSIGN_OR_RETURN(ShmRing::Reservation record, Reserve(n, stream));
+                          payload.CopyTo(offset, n, record.data.data());
+                          RETURN_IF_ERROR(ring_->Commit());
+                          v1::StreamResponse response;
+                          v1::StreamResponse::PayloadChunk* chunk = response.mutable_chunk();
+                          chunk->set_request_id(request_id);
+                          chunk->set_offset(offset);
+                          chunk->mutable_shm()->set_position(record.position);
+                          chunk->mutable_shm()->set_length(n);
+                          return stream.Emit(StreamMessage::Proto(std::move(response)));
+                        });
   }
 
  private:
