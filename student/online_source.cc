@@ -85,7 +85,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       const std::string& address =
           options_.teachers[(i + options_.rank) % options_.teachers.size()];
       absl::StatusOr<v1::DescribeResponse> described =
-          options_.connector->Describe(address, options_.connect_timeout);
+          options_.connector->Describe(address, options_.stream.connect_timeout);
       if (!described.ok()) {
         errors.push_back(std::string(described.status().message()));
         SS_LOG_WARN("online: teacher {} did not answer Describe: {}", address,
@@ -108,21 +108,15 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
             absl::StrCat("teacher ", address, " serves ", model.ToJson().dump(),
                          " but another serves ", model_.ToJson().dump(), " (", field, ")"));
       }
-      TeacherStreamOptions stream_options;
-      stream_options.transport = options_.transport;
+      TeacherStreamOptions stream_options = options_.stream;
       stream_options.rank = options_.rank;
       stream_options.stream_index = static_cast<int>(streams_.size());
-      stream_options.device = options_.device;
-      stream_options.token = options_.token;
-      stream_options.shm_capacity = options_.shm_capacity;
-      stream_options.connect_timeout = options_.connect_timeout;
-      stream_options.sample_timeout = options_.sample_timeout;
-      stream_options.nccl_channel_for_testing = options_.nccl_channel_for_testing;
       ASSIGN_OR_RETURN(
           std::unique_ptr<Stream> stream,
           options_.connector->NewStream(address, response, stream_options, mu_, *this));
       SS_LOG_INFO("online: teacher {} on host {}: payloads {} (data.transport {})", address,
-                  response.hostname(), v1::Transport_Name(stream->transport()), options_.transport);
+                  response.hostname(), v1::Transport_Name(stream->transport()),
+                  options_.stream.transport);
       streams_.push_back(std::move(stream));
     }
     if (streams_.empty()) {
@@ -358,14 +352,14 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     if (Empty(index, rows)) return EmptyRows(index, rows);
     std::unique_lock<std::mutex> lock(mu_);
     Want(index, rows);
-    const absl::Time deadline = absl::Now() + options_.sample_timeout;
+    const absl::Time deadline = absl::Now() + options_.stream.sample_timeout;
     Slot* slot = &slots_[index];
     while (!slot->ready) {
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
           !slot->ready) {
         return absl::DeadlineExceededError(
             absl::StrCat("sample ", index, " did not arrive within ",
-                         absl::FormatDuration(options_.sample_timeout)));
+                         absl::FormatDuration(options_.stream.sample_timeout)));
       }
       slot = &slots_[index];
     }

@@ -50,27 +50,10 @@ struct OnlineSourceOptions {
   int rank = 0;           // trainer rank (spreads ranks over teachers; ledger name)
   int64_t in_flight = 8;  // samples outstanding per teacher stream (credits)
   std::string ledger;     // ledger file (JSONL, appended); empty: none
-  // Payload transport: "auto" (shared memory with a teacher on this host —
-  // same hostname and boot id —, inline otherwise), "inline", "shm" or
-  // "nccl" (a build with NCCL and a CUDA device on both sides; the student
-  // receives on `device` when it is a CUDA device, else on device rank %
-  // visible devices).
-  std::string transport = "auto";
-  // Where the trainer computes. NCCL payloads for a CUDA device are received
-  // straight into its memory (no host copy) and arrive as tensors there;
-  // every other payload arrives on the host.
-  torch::Device device = torch::kCPU;
-  // Tests only: makes TRANSPORT_NCCL channels instead of NCCL
-  // (tests/testing/loopback_channel.h), so the stream protocol runs without
-  // a GPU. Unset in production.
-  PayloadChannelFactory nccl_channel_for_testing;
-  uint64_t shm_capacity = uint64_t{32} << 20;         // ring bytes per shm stream (power of two)
-  absl::Duration sample_timeout = absl::Minutes(10);  // one sample, across failovers
-  absl::Duration connect_timeout = absl::Seconds(30);
-  // Sent as "authorization: Bearer <token>" on every sample stream: the job
-  // token a coordinator hands the ranks of a job (teachers under a
-  // coordinator serve only those). Empty: none.
-  std::string token;
+  // How each teacher stream is made: transport, device, token, timeouts
+  // (teacher_connection.h). Its rank and stream_index are set by the source;
+  // stream.sample_timeout bounds one sample across failovers.
+  TeacherStreamOptions stream;
 };
 
 class OnlineSource final : public SampleSource {

@@ -84,15 +84,28 @@ class TeacherStream {
 
 // How the source wants its streams (OnlineSourceOptions).
 struct TeacherStreamOptions {
-  // "auto" | "inline" | "shm" | "nccl" (OnlineSourceOptions::transport).
+  // Payload transport (data.transport): "auto" (shared memory with a
+  // teacher on this host — same hostname and boot id —, inline otherwise),
+  // "inline", "shm" or "nccl" (a build with NCCL and a CUDA device on both
+  // sides; the student receives on `device` when it is a CUDA device, else
+  // on device rank % visible devices).
   std::string transport = "auto";
-  int rank = 0;                        // the trainer rank (names shm rings, spreads NCCL devices)
-  int stream_index = 0;                // this rank's streams, 0.. (names shm rings)
-  torch::Device device = torch::kCPU;  // where the trainer computes
-  std::string token;                   // the job's bearer token; empty: none
-  uint64_t shm_capacity = uint64_t{32} << 20;
+  int rank = 0;          // the trainer rank (names shm rings, spreads NCCL devices)
+  int stream_index = 0;  // this rank's streams, 0.. (names shm rings)
+  // Where the trainer computes. NCCL payloads for a CUDA device are received
+  // straight into its memory (no host copy) and arrive as tensors there;
+  // every other payload arrives on the host.
+  torch::Device device = torch::kCPU;
+  // Sent as "authorization: Bearer <token>" on every sample stream: the job
+  // token a coordinator hands the ranks of a job (teachers under a
+  // coordinator serve only those). Empty: none.
+  std::string token;
+  uint64_t shm_capacity = uint64_t{32} << 20;  // ring bytes per shm stream (power of two)
   absl::Duration connect_timeout = absl::Seconds(30);
-  absl::Duration sample_timeout = absl::Minutes(10);
+  absl::Duration sample_timeout = absl::Minutes(10);  // one sample, across failovers
+  // Tests only: makes TRANSPORT_NCCL channels instead of NCCL
+  // (tests/testing/loopback_channel.h), so the stream protocol runs without
+  // a GPU. Unset in production.
   PayloadChannelFactory nccl_channel_for_testing;
 };
 

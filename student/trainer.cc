@@ -140,10 +140,10 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSampleSource(const TrainerConf
   online.connector = c.teacher_connector;
   online.rank = rank;
   online.in_flight = c.in_flight;
-  online.transport = c.transport;
-  online.device = c.device;
-  online.token = c.job_token;
-  online.nccl_channel_for_testing = c.nccl_channel_for_testing;
+  online.stream.transport = c.transport;
+  online.stream.device = c.device;
+  online.stream.token = c.job_token;
+  online.stream.nccl_channel_for_testing = c.nccl_channel_for_testing;
   if (!c.ledger_dir.empty()) {
     std::error_code error;
     std::filesystem::create_directories(c.ledger_dir, error);

@@ -54,14 +54,14 @@ struct TrainerConfig {
   std::string tokenized;
   std::vector<std::string> teachers;
   int64_t in_flight = 8;           // samples outstanding per teacher stream
-  std::string transport = "auto";  // auto | inline | shm | nccl (OnlineSourceOptions)
+  std::string transport = "auto";  // auto | inline | shm | nccl (TeacherStreamOptions)
   std::string ledger_dir;          // ledger-rank<r>.jsonl of trained samples; empty: none
   std::string job_token;           // bearer token for teacher streams (coordinator jobs)
   // How the rank reaches the teachers (student/teacher_connection.h):
   // required for online training; specstream-student passes the gRPC one
   // (services/student/grpc_teacher_connection.h).
   std::shared_ptr<TeacherConnector> teacher_connector;
-  // Tests only: OnlineSourceOptions::nccl_channel_for_testing.
+  // Tests only: TeacherStreamOptions::nccl_channel_for_testing.
   PayloadChannelFactory nccl_channel_for_testing;
   std::string target_dir;  // target checkpoint (embeddings, lm_head, config)
   std::string vocab_map;   // map file, or empty to build one of draft_vocab_size

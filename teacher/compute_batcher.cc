@@ -63,6 +63,11 @@ void ComputeBatcher::Stop() {
   dropped.swap(queue_);
 }
 
+int64_t ComputeBatcher::queued_jobs() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
 int64_t ComputeBatcher::forward_calls() const {
   absl::MutexLock lock(&mu_);
   return forward_calls_;

@@ -88,6 +88,8 @@ class ComputeBatcher final {
   void Stop();
   // Runtime Forward calls so far.
   int64_t forward_calls() const;
+  // Jobs waiting for the compute thread (not the batch it is running).
+  int64_t queued_jobs() const;
 
  private:
   void Loop();

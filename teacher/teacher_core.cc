@@ -214,9 +214,16 @@ void TeacherCore::Stop() {
 }
 
 TeacherCore::Stats TeacherCore::stats() const {
+  bool draining;
+  {
+    absl::MutexLock lock(&mu_);
+    draining = draining_;
+  }
   absl::MutexLock lock(&stats_mu_);
   Stats stats = stats_;
   stats.forward_calls = batcher_ != nullptr ? batcher_->forward_calls() : 0;
+  stats.queued_jobs = batcher_ != nullptr ? batcher_->queued_jobs() : 0;
+  stats.draining = draining;
   return stats;
 }
 

@@ -124,12 +124,14 @@ class TeacherCore final {
   // are dropped. Call after every stream is done. Idempotent.
   void Stop();
 
-  // Counters since Create (for logs and tests).
+  // Counters since Create and the state now (for logs and tests).
   struct Stats {
     int64_t streams = 0;        // streams accepted
     int64_t samples_sent = 0;   // headers sent
     int64_t sample_errors = 0;  // SampleErrors sent
     int64_t forward_calls = 0;  // runtime Forward calls
+    int64_t queued_jobs = 0;    // samples waiting for the compute thread now
+    bool draining = false;      // StartDraining has run
   };
   Stats stats() const;
 

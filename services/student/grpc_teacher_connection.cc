@@ -79,7 +79,7 @@ absl::StatusOr<StreamTransport> NcclTransport(const std::string& address, bool o
 }
 
 // How payloads from the teacher at `address` travel (see
-// OnlineSourceOptions::transport): "auto" takes shared memory with a
+// TeacherStreamOptions::transport): "auto" takes shared memory with a
 // teacher on this host and inline otherwise (a ring that cannot be made
 // falls back to inline with a warning); NCCL only when asked for, since a
 // pair that cannot connect would lose the teacher. A forced transport the

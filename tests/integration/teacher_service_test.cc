@@ -526,6 +526,7 @@ TEST_F(TeacherServiceTest, NcclOpenAnswersOnlyAfterTheJoin) {
     absl::StatusOr<std::string> id = channel.new_id();
     ASSERT_TRUE(id.ok());
     open_nccl(stream, *id);
+    // Not a wait: the student stays away 300 ms, and Opened must wait for it.
     absl::SleepFor(absl::Milliseconds(300));
     EXPECT_FALSE(stream.state().opened.has_value());
     PayloadChannelOptions student;
@@ -756,12 +757,14 @@ TEST_F(TeacherServiceTest, OneCreditWithoutAckAllowsOneSampleInFlight) {
   for (int i = 0; i < 3; ++i) stream.Request(i + 1, i);
   ASSERT_TRUE(stream.AwaitSamples(1));
   stream.Ack({77});  // never sent: ignored, returns no credit
+  // Not a wait: for half a second no second sample may come.
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_EQ(stream.state().headers, 1);
   // The compute thread saw one sample only: nothing more was materialised.
   EXPECT_EQ(recording_->batches().size(), 1u);
   stream.Ack({0});
   ASSERT_TRUE(stream.AwaitSamples(2));
+  // Not a wait: a window in which no third sample may come.
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(stream.state().headers, 2);
   stream.Ack({1});
@@ -783,7 +786,8 @@ TEST_F(TeacherServiceTest, PendingRequestsAreBatchedIntoOneForward) {
   stream.Request(1, 0);
   ASSERT_TRUE(recording_->AwaitCalls(1));  // sample 0 is held at the gate
   for (int i = 1; i < 4; ++i) stream.Request(i + 1, i);
-  absl::SleepFor(absl::Milliseconds(300));  // let them reach the compute queue
+  ASSERT_TRUE(testing::WaitUntil([&] { return server_->core().stats().queued_jobs == 3; },
+                                 absl::Seconds(20)));  // all three wait behind the gate
   recording_->SetGate(true);
   ASSERT_TRUE(stream.AwaitSamples(4));
   EXPECT_EQ(recording_->batches(), (std::vector<size_t>{1, 3}));
@@ -987,7 +991,8 @@ TEST_F(TeacherServiceTest, ShutdownFinishesInFlightSamplesAndRefusesTheRest) {
   for (int i = 0; i < 3; ++i) stream.Request(i + 1, i);
   ASSERT_TRUE(recording_->AwaitCalls(1));  // sample 0 is in the runtime
   std::thread shutdown([&] { server_->Shutdown(absl::Seconds(20)); });
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return server_->core().stats().draining; }, absl::Seconds(20)));
   recording_->SetGate(true);
   grpc::Status status = stream.AwaitEnd();
   shutdown.join();

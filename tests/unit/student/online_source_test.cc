@@ -45,7 +45,7 @@ class OnlineSourceTest : public ::testing::Test {
     options.data = dir_.Join("data.jsonl");
     options.teachers = std::move(teachers);
     options.connector = std::move(connector);
-    options.sample_timeout = absl::Seconds(30);
+    options.stream.sample_timeout = absl::Seconds(30);
     return options;
   }
 
@@ -257,7 +257,7 @@ TEST_F(OnlineSourceTest, OpenSkipsDeadTeachersAndRefusesMixedModelsOrNoConnectio
   EXPECT_NE(unconnected.status().message().find("data.teachers"), std::string::npos);
 
   OnlineSourceOptions shm = Options(mixed_connector, {"a"});
-  shm.transport = "shm";
+  shm.stream.transport = "shm";
   auto refused = OnlineSource::Open(shm);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("data.transport"), std::string::npos);
