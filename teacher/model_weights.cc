@@ -295,11 +295,15 @@ absl::Status ValidateForwardRequest(const ForwardRequest& request, const HfModel
 }
 
 torch::Tensor FullVocabArgmax(const torch::Tensor& last_hidden, const torch::Tensor& lm_head) {
-  constexpr int64_t kRows = 256;
+  // Row chunks as large as the logits budget allows (a GEMM of few rows
+  // runs below one of many); 1024 tokens of a 32k vocab are one GEMM.
+  constexpr int64_t kLogitsBytes = int64_t{256} << 20;
   const int64_t t = last_hidden.size(0);
+  const int64_t row_bytes = std::max<int64_t>(1, lm_head.size(0) * lm_head.element_size());
+  const int64_t chunk = std::max<int64_t>(1, kLogitsBytes / row_bytes);
   torch::Tensor target = torch::empty({t}, last_hidden.options().dtype(torch::kInt32));
-  for (int64_t r = 0; r < t; r += kRows) {
-    const int64_t rows = std::min(kRows, t - r);
+  for (int64_t r = 0; r < t; r += chunk) {
+    const int64_t rows = std::min(chunk, t - r);
     torch::Tensor logits = torch::linear(last_hidden.narrow(0, r, rows), lm_head);
     target.narrow(0, r, rows).copy_(logits.argmax(-1).to(torch::kInt32));
   }

@@ -127,8 +127,10 @@ absl::StatusOr<ModelWeights> LoadTargetWeights(const std::string& model_dir,
 // max_position_embeddings or an id outside the vocab.
 absl::Status ValidateForwardRequest(const ForwardRequest& request, const HfModelConfig& config);
 
-// Argmax of last_hidden · lm_headᵀ over the full vocab, in row chunks (never
-// T × V logits at once). int32 [T], on last_hidden's device.
+// Argmax of last_hidden · lm_headᵀ over the full vocab, in row chunks whose
+// logits stay under 256 MiB (never T × V logits at once for a long sequence
+// or a large vocab; one GEMM when they fit). int32 [T], on last_hidden's
+// device.
 torch::Tensor FullVocabArgmax(const torch::Tensor& last_hidden, const torch::Tensor& lm_head);
 
 }  // namespace specstream::teacher

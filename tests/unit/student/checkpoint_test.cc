@@ -17,11 +17,13 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 std::unique_ptr<CheckpointManager> Make(const std::string& root, int keep_last = 0,
-                                        std::function<bool(absl::string_view)> crash_at = {}) {
+                                        std::function<bool(absl::string_view)> crash_at = {},
+                                        Env* env = nullptr) {
   CheckpointOptions options;
   options.root = root;
   options.keep_last = keep_last;
   options.crash_at = std::move(crash_at);
+  options.env = env;
   auto manager = CheckpointManager::Create(options);
   EXPECT_TRUE(manager.ok()) << manager.status();
   return manager.ok() ? std::move(*manager) : nullptr;
@@ -238,15 +240,11 @@ TEST(CheckpointTest, FilesystemFaultsAtEachStepLoseNothing) {
     SCOPED_TRACE(c.path_part);
     testing::TempDir dir;
     testing::FakeEnv env;
-    CheckpointOptions options;
-    options.root = dir.path();
-    options.env = &env;
-    auto manager = CheckpointManager::Create(options);
-    ASSERT_TRUE(manager.ok()) << manager.status();
+    auto manager = Make(dir.path(), 0, {}, &env);
     CheckpointContents first = Sample(1);
-    ASSERT_TRUE((*manager)->Save(1, first).ok());
+    ASSERT_TRUE(manager->Save(1, first).ok());
     env.FailOn(c.op, c.path_part, absl::InternalError("injected: disk on fire"), c.nth);
-    absl::Status saved = (*manager)->Save(2, Sample(2));
+    absl::Status saved = manager->Save(2, Sample(2));
     EXPECT_EQ(env.pending_faults(), 0) << "the fault never fired";
     ASSERT_FALSE(saved.ok());
     EXPECT_THAT(std::string(saved.message()), HasSubstr("saving checkpoint"));
@@ -271,17 +269,13 @@ TEST(CheckpointTest, FilesystemFaultsAtEachStepLoseNothing) {
 TEST(CheckpointTest, AFailedReplaceKeepsTheStepItWouldHaveReplaced) {
   testing::TempDir dir;
   testing::FakeEnv env;
-  CheckpointOptions options;
-  options.root = dir.path();
-  options.env = &env;
-  auto manager = CheckpointManager::Create(options);
-  ASSERT_TRUE(manager.ok()) << manager.status();
+  auto manager = Make(dir.path(), 0, {}, &env);
   CheckpointContents first = Sample(1);
-  ASSERT_TRUE((*manager)->Save(7, first).ok());
+  ASSERT_TRUE(manager->Save(7, first).ok());
   // Step 7 again: the old directory is moved aside, then the new one's
   // rename into place fails.
   env.FailOn(testing::FakeEnv::Op::kRename, "/.tmp-step-", absl::InternalError("injected"));
-  EXPECT_FALSE((*manager)->Save(7, Sample(2)).ok());
+  EXPECT_FALSE(manager->Save(7, Sample(2)).ok());
   auto restarted = Make(dir.path());
   auto loaded = restarted->Load(7);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
