@@ -173,21 +173,25 @@ class FieldReader final {
   std::string prefix_;  // "rope_scaling." for nested objects.
 };
 
-absl::Status ParseRopeScaling(const Json& value, RopeScaling* out) {
+// `field` names the object in errors: "rope_scaling", or "rope_parameters"
+// (whose rope_type may be absent: the default RoPE).
+absl::Status ParseRopeScaling(const Json& value, RopeScaling* out,
+                              absl::string_view field = "rope_scaling") {
   *out = RopeScaling();
   if (value.is_null()) return absl::OkStatus();
   if (!value.is_object()) {
-    return FieldError("rope_scaling",
-                      absl::StrCat("must be null or an object, got ", value.dump()));
+    return FieldError(field, absl::StrCat("must be null or an object, got ", value.dump()));
   }
-  FieldReader r(value, "rope_scaling.");
+  FieldReader r(value, absl::StrCat(field, "."));
   std::string type;
   if (r.Has("rope_type")) {
     RETURN_IF_ERROR(r.String("rope_type", &type));
   } else if (r.Has("type")) {
     RETURN_IF_ERROR(r.String("type", &type));  // Legacy name.
+  } else if (field == "rope_parameters") {
+    type = "default";
   } else {
-    return FieldError("rope_scaling", R"(missing "rope_type" (or legacy "type"))");
+    return FieldError(field, R"(missing "rope_type" (or legacy "type"))");
   }
   if (type == "default") return absl::OkStatus();
   if (type == "linear") {
@@ -217,11 +221,52 @@ absl::Status ParseRopeScaling(const Json& value, RopeScaling* out) {
     RETURN_IF_ERROR(r.OptDouble("mscale_all_dim", &out->mscale_all_dim));
     RETURN_IF_ERROR(r.OptDouble("attention_factor", &out->attention_factor));
   } else {
-    return FieldError("rope_scaling.rope_type",
+    return FieldError(absl::StrCat(field, ".rope_type"),
                       absl::StrCat("unsupported rope scaling \"", type,
                                    "\" (supported: default, linear, llama3, yarn)"));
   }
   return absl::OkStatus();
+}
+
+// transformers 5 writes RoPE as one object: "rope_parameters": {"rope_type",
+// "rope_theta", and the scaling's own keys}; hybrid models key one such
+// object by layer type ({"full_attention": {...}, "sliding_attention":
+// {...}}). Every layer here shares one RoPE, so per-layer-type objects must
+// all be the same, and a partial rotary factor other than 1 is refused.
+absl::Status ParseRopeParameters(const Json& value, double* theta, RopeScaling* scaling) {
+  if (!value.is_object() || value.empty()) {
+    return FieldError("rope_parameters", absl::StrCat("must be an object, got ", value.dump()));
+  }
+  const Json* params = &value;
+  if (!value.contains("rope_type") && !value.contains("type") && !value.contains("rope_theta")) {
+    params = nullptr;
+    std::string first_type;
+    for (const auto& [layer_type, per_type] : value.items()) {
+      if (!per_type.is_object()) {
+        return FieldError(absl::StrCat("rope_parameters.", layer_type),
+                          absl::StrCat("must be an object, got ", per_type.dump()));
+      }
+      if (params != nullptr && *params != per_type) {
+        return FieldError("rope_parameters",
+                          absl::StrCat("layer types ", first_type, " and ", layer_type,
+                                       " use different RoPE; one RoPE for every layer is all "
+                                       "the runtimes model"));
+      }
+      if (params == nullptr) {
+        params = &per_type;
+        first_type = layer_type;
+      }
+    }
+  }
+  FieldReader r(*params, "rope_parameters.");
+  RETURN_IF_ERROR(r.Double("rope_theta", theta));
+  double partial = 1.0;
+  RETURN_IF_ERROR(r.Double("partial_rotary_factor", &partial));
+  if (partial != 1.0) {
+    return FieldError("rope_parameters.partial_rotary_factor",
+                      absl::StrCat(partial, " is not supported (RoPE over the whole head only)"));
+  }
+  return ParseRopeScaling(*params, scaling, "rope_parameters");
 }
 
 Json RopeScalingToJson(const RopeScaling& rs) {
@@ -393,6 +438,23 @@ absl::StatusOr<HfModelConfig> ParseHfConfig(absl::string_view text) {
   RETURN_IF_ERROR(r.Double("rope_theta", &c.rope_theta));
   if (r.HasKey("rope_scaling"))
     RETURN_IF_ERROR(ParseRopeScaling(root["rope_scaling"], &c.rope_scaling));
+  if (r.Has("rope_parameters")) {
+    // The newer form wins; the legacy keys, when also there, must agree.
+    double theta = type->rope_theta;
+    RopeScaling scaling;
+    RETURN_IF_ERROR(ParseRopeParameters(root["rope_parameters"], &theta, &scaling));
+    const bool legacy_theta = r.Has("rope_theta");
+    if ((legacy_theta && theta != c.rope_theta) ||
+        (r.Has("rope_scaling") &&
+         RopeScalingToJson(scaling) != RopeScalingToJson(c.rope_scaling))) {
+      return FieldError(
+          "rope_parameters",
+          absl::StrCat("disagrees with ", legacy_theta ? "rope_theta" : "rope_scaling",
+                       " in the same config.json"));
+    }
+    c.rope_theta = theta;
+    c.rope_scaling = scaling;
+  }
   c.rms_norm_eps = type->rms_norm_eps;
   RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps));
   RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
@@ -619,6 +681,25 @@ absl::StatusOr<std::vector<int>> DefaultEagle3CaptureLayers(int num_layers) {
         num_layers, "; name the capture layer ids explicitly"));
   }
   return std::vector<int>{1, num_layers / 2 - 1, num_layers - 4};
+}
+
+absl::Status ValidateEagle3CaptureLayers(const std::vector<int64_t>& ids, int64_t num_layers) {
+  if (ids.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("need exactly 3 capture ids, got ", ids.size(),
+                                                   " ([", absl::StrJoin(ids, ", "), "])"));
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (ids[k] < 0 || (k > 0 && ids[k] <= ids[k - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat("must be distinct, ascending and >= 0, got [",
+                                                     absl::StrJoin(ids, ", "), "]"));
+    }
+    if (num_layers > 0 && ids[k] >= num_layers - 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("id ", ids[k], " is not below target layers - 1 (", num_layers - 1,
+                       "): the servers capture at the input of layer id + 1"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace specstream

@@ -500,6 +500,47 @@ TEST(HfConfigTest, RefusesBadRopeScaling) {
   ExpectError(Minimal("llama", R"("rope_scaling": 4)"), {"\"rope_scaling\"", "null or an object"});
 }
 
+// P13 item 19: transformers 5 writes RoPE as "rope_parameters". It used to
+// be ignored: the family's default theta and no scaling, silently.
+TEST(HfConfigTest, RopeParametersOfTransformers5) {
+  HfModelConfig c = MustParse(Minimal("llama", R"("rope_parameters": {"rope_type": "llama3",
+      "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192})"));
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kLlama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+
+  c = MustParse(
+      Minimal("qwen2", R"("rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})"));
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1000000.0);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kNone);
+
+  // One object per layer type, the same for every type.
+  c = MustParse(Minimal("llama", R"("rope_parameters": {
+      "full_attention": {"rope_type": "default", "rope_theta": 20000.0},
+      "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}})"));
+  EXPECT_DOUBLE_EQ(c.rope_theta, 20000.0);
+  // Both forms, agreeing.
+  c = MustParse(Minimal("llama", R"("rope_theta": 30000.0,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 30000.0})"));
+  EXPECT_DOUBLE_EQ(c.rope_theta, 30000.0);
+
+  ExpectError(Minimal("llama", R"("rope_parameters": {
+      "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})"),
+              {"rope_parameters", "full_attention", "sliding_attention", "different RoPE"});
+  ExpectError(Minimal("llama", R"("rope_parameters": {"rope_type": "default",
+      "rope_theta": 10000.0, "partial_rotary_factor": 0.5})"),
+              {"rope_parameters.partial_rotary_factor", "not supported"});
+  ExpectError(Minimal("llama", R"("rope_theta": 10000.0,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0})"),
+              {"rope_parameters", "disagrees with rope_theta"});
+  ExpectError(Minimal("llama", R"("rope_parameters": {"rope_type": "dynamic", "factor": 2.0})"),
+              {"rope_parameters.rope_type", "\"dynamic\""});
+  ExpectError(Minimal("llama", R"("rope_parameters": 7)"), {"rope_parameters", "an object"});
+}
+
 TEST(HfConfigTest, RefusesBadMoeFields) {
   ExpectError(Minimal("qwen3_moe", R"("num_experts": 4, "num_experts_per_tok": 8)"),
               {"\"num_experts_per_tok\"", "8 exceeds num_experts 4"});
