@@ -96,7 +96,16 @@ ShmRing::ShmRing(std::string name, bool owner, void* base, uint64_t mapped_bytes
 
 ShmRing::~ShmRing() {
   munmap(base_, mapped_bytes_);
-  if (owner_) shm_unlink(name_.c_str());
+  if (owner_ && linked_) shm_unlink(name_.c_str());
+}
+
+absl::Status ShmRing::Unlink() {
+  if (!owner_ || !linked_) return absl::OkStatus();
+  linked_ = false;
+  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus("cannot unlink shm ring", name_);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Map(const std::string& name, int fd, bool owner,

@@ -110,6 +110,15 @@ class ShmRing final {
   // before the current tail or after the committed head.
   absl::Status Release(uint64_t end);
 
+  // Owner: removes the name from /dev/shm now. Every mapping (this one and
+  // the attached peer's) stays valid, and the memory goes when the last one
+  // is unmapped, so a process killed later leaks nothing. The destructor
+  // then unlinks nothing. Call once the peer has attached; a no-op for a
+  // ring attached to or already unlinked.
+  absl::Status Unlink();
+  // Whether the name is still in /dev/shm as far as this owner knows.
+  bool linked() const { return owner_ && linked_; }
+
   const std::string& name() const { return name_; }
   uint64_t capacity() const { return capacity_; }
   bool owner() const { return owner_; }
@@ -129,6 +138,7 @@ class ShmRing final {
 
   std::string name_;
   bool owner_;
+  bool linked_ = true;  // owner: the name not yet unlinked
   void* base_;
   uint64_t mapped_bytes_;
   uint64_t capacity_;

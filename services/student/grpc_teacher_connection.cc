@@ -332,6 +332,12 @@ class GrpcTeacherStream final : public student::TeacherStream,
   }
 
   void OnHeader(const v1::StreamResponse::SampleHeader& header) {
+    // The teacher attached the ring when it took the Open, before its first
+    // header: the name can go, so a student killed from here on leaves no
+    // ring in /dev/shm.
+    if (ring_ != nullptr && ring_->linked()) {
+      if (absl::Status s = ring_->Unlink(); !s.ok()) SS_LOG_WARN("online: {}", s.ToString());
+    }
     if (absl::Status s = ValidateContract(header.contract()); !s.ok()) {
       const absl::Status why =
           absl::DataLossError(absl::StrCat("teacher ", address_, ": bad contract: ", s.message()));

@@ -163,6 +163,13 @@ TEST_F(OnlineTest, OnlineAndOfflineTrainTheSameBitwise) {
     ASSERT_TRUE(online.ok()) << online.status();
     ASSERT_TRUE((*online)->RunSteps(12).ok());
     ExpectSameTraining(**online, **offline);
+    // Rings are unlinked once the teacher has attached (P13 item 13): the
+    // live trainer has none left in /dev/shm.
+    const std::string prefix = "specstream-" + std::to_string(getpid()) + "-";
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      EXPECT_NE(entry.path().filename().string().rfind(prefix, 0), 0u)
+          << transport << ": " << entry.path();
+    }
     std::cout << transport << ": online == offline over 12 steps; final loss "
               << (*online)->history().back().loss << "\n";
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -49,6 +50,32 @@ struct Locator {
   uint64_t size;
   uint32_t crc;
 };
+
+// P13 item 13: rings used to stay in /dev/shm until their owner's
+// destructor ran (never, for a killed rank). Unlinked once attached, both
+// mappings keep working and nothing is left behind.
+TEST(ShmRingTest, UnlinkedOnceAttachedTheRingStillWorksAndLeavesNoName) {
+  const std::string name = UniqueName();
+  auto consumer = MustCreate(name, 16384);
+  ASSERT_NE(consumer, nullptr);
+  auto producer = ShmRing::Attach(name);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  EXPECT_TRUE(consumer->linked());
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + name));
+  ASSERT_TRUE(consumer->Unlink().ok());
+  EXPECT_FALSE(consumer->linked());
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + name));
+  EXPECT_TRUE(consumer->Unlink().ok());     // again: nothing to do
+  EXPECT_TRUE((*producer)->Unlink().ok());  // not the owner: nothing to do
+  EXPECT_EQ(ShmRing::Attach(name).status().code(), absl::StatusCode::kNotFound);
+  auto r = (*producer)->Reserve(5, absl::Seconds(1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::memcpy(r->data.data(), "after", 5);
+  ASSERT_TRUE((*producer)->Commit().ok());
+  auto read = consumer->Read(r->position, 5);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(std::string(read->data(), read->size()), "after");
+}
 
 TEST(ShmRingTest, CreateAttachWriteRead) {
   const std::string name = UniqueName();
