@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/crc32c.h"
 #include "common/file.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
@@ -35,6 +36,8 @@ constexpr char kStateFile[] = "state.json";
 constexpr char kManifestFile[] = "manifest.json";
 constexpr char kLatestFile[] = "latest";
 constexpr char kTmpPrefix[] = ".tmp-";
+constexpr char kCorruptPrefix[] = "corrupt-";
+constexpr char kChecksums[] = "crc32c";  // manifest: file -> CRC32C of its bytes
 
 std::string RngFileName(int rank) { return absl::StrCat("rng-rank-", rank, ".bin"); }
 
@@ -74,8 +77,9 @@ absl::StatusOr<std::string> SerializeTensors(const std::map<std::string, torch::
   return writer.Serialize();
 }
 
-absl::StatusOr<std::map<std::string, torch::Tensor>> ReadTensors(const std::string& path) {
-  ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+absl::StatusOr<std::map<std::string, torch::Tensor>> ParseTensors(std::string bytes,
+                                                                  const std::string& path) {
+  ASSIGN_OR_RETURN(auto file, SafetensorsFile::FromBytes(std::move(bytes), path));
   std::map<std::string, torch::Tensor> tensors;
   for (const std::string& name : file->names()) {
     ASSIGN_OR_RETURN(TensorView view, file->Get(name));
@@ -180,10 +184,12 @@ absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& con
 
   nlohmann::json manifest = {{"format", kFormat}, {"step", step}, {"world_size", world}};
   nlohmann::json& sizes = manifest["files"] = nlohmann::json::object();
+  nlohmann::json& checksums = manifest[kChecksums] = nlohmann::json::object();
   for (const auto& [file, bytes] : files) {
     absl::Status status = env.WriteFileAtomically(absl::StrCat(tmp_dir, "/", file), *bytes);
     if (!status.ok()) return fail(status);
     sizes[file] = bytes->size();
+    checksums[file] = Crc32c(*bytes);
   }
   // The manifest goes last: a directory with a valid manifest has every file.
   absl::Status status =
@@ -338,39 +344,86 @@ absl::StatusOr<CheckpointContents> CheckpointManager::Load(int64_t step) const {
   auto in_dir = [&](const absl::Status& s) {
     return Annotate(s, absl::StrCat("checkpoint ", dir));
   };
+  // Manifest already checked by CheckComplete: the checksums and the rank
+  // count come from it.
+  ASSIGN_OR_RETURN(std::string manifest_text,
+                   ReadFileToString(absl::StrCat(dir, "/", kManifestFile)));
+  const nlohmann::json manifest = nlohmann::json::parse(manifest_text, nullptr, false);
+  const nlohmann::json checksums = manifest.value(kChecksums, nlohmann::json::object());
+  // A file's bytes, checked against the manifest's CRC32C when it has one.
+  auto read = [&](const std::string& file) -> absl::StatusOr<std::string> {
+    ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(absl::StrCat(dir, "/", file)));
+    auto expected = checksums.find(file);
+    if (expected != checksums.end()) {
+      const uint32_t actual = Crc32c(bytes);
+      if (!expected->is_number_unsigned() || expected->get<uint64_t>() != actual) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s: CRC32C %08x, the manifest says %s (the file changed after it was written)", file,
+            actual, expected->dump()));
+      }
+    }
+    return bytes;
+  };
   CheckpointContents contents;
-  auto draft = ReadTensors(absl::StrCat(dir, "/", kDraftFile));
-  if (!draft.ok()) return in_dir(draft.status());
-  contents.draft = std::move(*draft);
-  auto optimizer = ReadTensors(absl::StrCat(dir, "/", kOptimizerFile));
-  if (!optimizer.ok()) return in_dir(optimizer.status());
-  contents.optimizer = std::move(*optimizer);
-
-  auto state_text = ReadFileToString(absl::StrCat(dir, "/", kStateFile));
+  for (auto [file, tensors] : {std::make_pair(kDraftFile, &contents.draft),
+                               std::make_pair(kOptimizerFile, &contents.optimizer)}) {
+    absl::StatusOr<std::string> bytes = read(file);
+    if (!bytes.ok()) return in_dir(bytes.status());
+    auto parsed = ParseTensors(*std::move(bytes), absl::StrCat(dir, "/", file));
+    if (!parsed.ok()) return in_dir(parsed.status());
+    *tensors = std::move(*parsed);
+  }
+  auto state_text = read(kStateFile);
   if (!state_text.ok()) return in_dir(state_text.status());
   contents.state = nlohmann::json::parse(*state_text, nullptr, /*allow_exceptions=*/false);
   if (!contents.state.is_object()) {
     return in_dir(absl::DataLossError(absl::StrCat(kStateFile, ": not a JSON object")));
   }
-  // Manifest already checked by CheckComplete; read the rank count from it.
-  ASSIGN_OR_RETURN(std::string manifest_text,
-                   ReadFileToString(absl::StrCat(dir, "/", kManifestFile)));
-  nlohmann::json manifest = nlohmann::json::parse(manifest_text, nullptr, false);
-  int world = manifest.value("world_size", 0);
+  const int world = manifest.value("world_size", 0);
   for (int rank = 0; rank < world; ++rank) {
-    auto bytes = ReadFileToString(absl::StrCat(dir, "/", RngFileName(rank)));
+    auto bytes = read(RngFileName(rank));
     if (!bytes.ok()) return in_dir(Annotate(bytes.status(), RngFileName(rank)));
     contents.rng_by_rank[rank] = std::move(*bytes);
   }
   return contents;
 }
 
-absl::StatusOr<CheckpointContents> CheckpointManager::LoadLatest() const {
-  ASSIGN_OR_RETURN(std::optional<int64_t> step, LatestStep());
-  if (!step.has_value()) {
+absl::StatusOr<std::optional<CheckpointManager::Loaded>> CheckpointManager::LoadNewest() {
+  std::vector<int64_t> candidates;
+  ASSIGN_OR_RETURN(std::optional<int64_t> latest, LatestStep());
+  if (latest) candidates.push_back(*latest);
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListSteps());
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (!latest || *it != *latest) candidates.push_back(*it);
+  }
+  for (int64_t step : candidates) {
+    absl::StatusOr<CheckpointContents> contents = Load(step);
+    if (contents.ok()) return std::optional<Loaded>(Loaded{step, *std::move(contents)});
+    if (!absl::IsDataLoss(contents.status())) return contents.status();
+    if (options_.read_only) {
+      SS_LOG_WARN("checkpoint: skipping step {}: {}", step, contents.status().ToString());
+      continue;
+    }
+    // Set aside, not deleted: the bytes may still be worth a look.
+    std::string aside = absl::StrCat(root(), "/", kCorruptPrefix, CheckpointDirName(step));
+    for (int k = 1; fs::exists(aside); ++k) {
+      aside = absl::StrCat(root(), "/", kCorruptPrefix, CheckpointDirName(step), "-", k);
+    }
+    absl::Status moved = Env::Or(options_.env).Rename(StepDir(step), aside);
+    SS_LOG_WARN("checkpoint: step {} is unusable ({}); {}; trying the next newest", step,
+                contents.status().ToString(),
+                moved.ok() ? absl::StrCat("set aside as ", aside)
+                           : absl::StrCat("could not set it aside: ", moved.ToString()));
+  }
+  return std::optional<Loaded>();
+}
+
+absl::StatusOr<CheckpointContents> CheckpointManager::LoadLatest() {
+  ASSIGN_OR_RETURN(std::optional<Loaded> loaded, LoadNewest());
+  if (!loaded.has_value()) {
     return absl::NotFoundError(absl::StrCat("no checkpoint under ", root()));
   }
-  return Load(*step);
+  return std::move(loaded->contents);
 }
 
 }  // namespace specstream::student

@@ -12,7 +12,9 @@
 //                                       (any JSON; the caller's)
 //     rng-rank-<r>.bin                  opaque RNG bytes of rank r, r = 0..W-1
 //     manifest.json                     written last: format, step, and the
-//                                       size of every file above
+//                                       size and CRC32C of every file above
+//   <root>/corrupt-step-00000123[-k]/   a step that failed verification when
+//                                       loaded, set aside (never deleted)
 //
 // Save writes everything into <root>/.tmp-step-00000123-XXXXXX/ (each file
 // fsynced), renames the directory to step-00000123, fsyncs the root, then
@@ -20,6 +22,8 @@
 // the previous checkpoint as latest or the new one; never a half-written
 // step-N. A step directory counts as complete when manifest.json parses,
 // names this step and every file it lists exists with the recorded size.
+// Load also checks every file against its CRC32C (manifests written before
+// checksums existed have none; their files are only size-checked).
 //
 // Multi-rank contract: only rank 0 creates a writable manager and calls Save,
 // with every rank's RNG bytes in `rng_by_rank` (the trainer gathers them to
@@ -111,8 +115,18 @@ class CheckpointManager final {
   // DataLoss when a file is truncated or does not parse; every error names the
   // file.
   absl::StatusOr<CheckpointContents> Load(int64_t step) const;
-  // Load(LatestStep()); NotFound when there is no checkpoint.
-  absl::StatusOr<CheckpointContents> LoadLatest() const;
+  // The newest checkpoint that loads: `latest`'s step first, then the
+  // complete steps from the newest down. A step that fails with DataLoss (a
+  // checksum mismatch, a file that does not parse) is logged and skipped; a
+  // writable manager also sets it aside as <root>/corrupt-step-N (never
+  // deleted). nullopt when no step is left; other errors are returned.
+  struct Loaded {
+    int64_t step = 0;
+    CheckpointContents contents;
+  };
+  absl::StatusOr<std::optional<Loaded>> LoadNewest();
+  // LoadNewest's contents; NotFound when there is no checkpoint.
+  absl::StatusOr<CheckpointContents> LoadLatest();
 
   const std::string& root() const { return options_.root; }
   std::string StepDir(int64_t step) const;

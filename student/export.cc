@@ -123,25 +123,9 @@ absl::Status ValidateConfig(const ExportConfig& c) {
   for (int64_t eos : c.eos_token_ids) {
     if (eos < 0) return ConfigError("eos_token_id", "must be >= 0");
   }
-  // SGLang's and vLLM's Eagle3 loaders size fc for exactly three aux states.
-  if (c.aux_layer_ids.size() != 3) {
-    return ConfigError("eagle_aux_hidden_state_layer_ids",
-                       absl::StrCat("need exactly 3 capture ids, got ", c.aux_layer_ids.size()));
-  }
-  for (size_t k = 0; k < c.aux_layer_ids.size(); ++k) {
-    int64_t id = c.aux_layer_ids[k];
-    if (id < 0 || (k > 0 && id <= c.aux_layer_ids[k - 1])) {
-      return ConfigError("eagle_aux_hidden_state_layer_ids",
-                         absl::StrCat("must be distinct, ascending and >= 0, got [",
-                                      absl::StrJoin(c.aux_layer_ids, ", "), "]"));
-    }
-    if (c.target_num_hidden_layers > 0 && id >= c.target_num_hidden_layers - 1) {
-      return ConfigError("eagle_aux_hidden_state_layer_ids",
-                         absl::StrCat("id ", id, " is not below target layers - 1 (",
-                                      c.target_num_hidden_layers - 1,
-                                      "): the servers capture at the input of layer id + 1"));
-    }
-  }
+  const absl::Status capture =
+      ValidateEagle3CaptureLayers(c.aux_layer_ids, c.target_num_hidden_layers);
+  if (!capture.ok()) return ConfigError("eagle_aux_hidden_state_layer_ids", capture.message());
   return WeightDtype(c.torch_dtype).status();
 }
 

@@ -1,6 +1,7 @@
 #include "student/student_commands.h"
 
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "common/torch/tensor_util.h"
 #include "student/checkpoint.h"
 #include "student/data_source.h"
+#include "student/export.h"
 #include "student/trainer.h"
 
 namespace specstream::student {
@@ -68,7 +70,85 @@ absl::StatusOr<ExportInput> DraftExportInput(const Eagle3Draft& draft,
   return in;
 }
 
-absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_full_lm_head) {
+namespace {
+
+// A draft of `shape` over the target at `target_dir`, its vocab map from the
+// d2t/t2d tensors and its parameters from `tensors` (a checkpoint's draft
+// tensors or an export's, which share the names). `what` names the source
+// in errors.
+absl::StatusOr<std::unique_ptr<Eagle3Draft>> BuildDraft(
+    DraftShape shape, const std::string& target_dir,
+    const std::map<std::string, torch::Tensor>& tensors, bool need_full_lm_head,
+    const std::string& what) {
+  ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(target_dir));
+  shape.rms_norm_eps = target.rms_norm_eps;
+  shape.rope_theta = target.rope_theta;
+  shape.rope_scaling = target.rope_scaling;
+  shape.max_position_embeddings = target.max_position_embeddings;
+  auto d2t = tensors.find("d2t");
+  auto t2d = tensors.find("t2d");
+  if (d2t == tensors.end() || t2d == tensors.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " lacks d2t/t2d"));
+  }
+  VocabMap map;
+  torch::Tensor d = d2t->second.to(torch::kInt64).contiguous();
+  torch::Tensor t = t2d->second.to(torch::kUInt8).contiguous();
+  map.d2t.assign(d.data_ptr<int64_t>(), d.data_ptr<int64_t>() + d.numel());
+  map.t2d.assign(t.data_ptr<uint8_t>(), t.data_ptr<uint8_t>() + t.numel());
+  for (int64_t i = 0; i < map.draft_vocab(); ++i) map.used.push_back(map.d2t[i] + i);
+  ASSIGN_OR_RETURN(std::unique_ptr<Eagle3Draft> draft,
+                   Eagle3Draft::Create(shape, target_dir, map, 0, need_full_lm_head));
+  torch::NoGradGuard no_grad;
+  for (auto& [pname, param] : draft->parameters()) {
+    auto it = tensors.find(pname);
+    if (it == tensors.end() || !it->second.sizes().equals(param.sizes())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": draft tensor ", pname, " missing or mis-shaped"));
+    }
+    param.detach().copy_(it->second);
+  }
+  return draft;
+}
+
+bool IsExportDirectory(const std::string& path) {
+  return std::filesystem::exists(std::filesystem::path(path) / "config.json") &&
+         std::filesystem::exists(std::filesystem::path(path) / "model.safetensors");
+}
+
+// An exported draft (the serving layout): its config gives the shape, the
+// target is named by the caller (an export does not record it).
+absl::StatusOr<RestoredDraft> RestoreExport(const std::string& path, const std::string& target_dir,
+                                            bool need_full_lm_head) {
+  if (target_dir.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint ", path,
+                     " is an exported draft, which does not record its target model: pass "
+                     "--target DIR"));
+  }
+  ASSIGN_OR_RETURN(ExportInput in, ReadExport(path));
+  const ExportConfig& c = in.config;
+  DraftShape shape;
+  shape.hidden_size = c.hidden_size;
+  shape.target_hidden_size = c.target_hidden_size > 0 ? c.target_hidden_size : c.hidden_size;
+  shape.num_captures = static_cast<int64_t>(c.aux_layer_ids.size());
+  shape.intermediate_size = c.intermediate_size;
+  shape.num_attention_heads = c.num_attention_heads;
+  shape.num_key_value_heads = c.num_key_value_heads;
+  shape.head_dim = c.head_dim;
+  shape.draft_vocab_size = c.draft_vocab_size;
+  shape.target_vocab_size = c.vocab_size;
+  RestoredDraft restored;
+  ASSIGN_OR_RETURN(restored.draft, BuildDraft(shape, target_dir, in.tensors, need_full_lm_head,
+                                              absl::StrCat("export ", path)));
+  restored.state = {{"target_dir", target_dir}, {"capture_layer_ids", c.aux_layer_ids}};
+  return restored;
+}
+
+}  // namespace
+
+absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_full_lm_head,
+                                           const std::string& target_dir) {
+  if (IsExportDirectory(path)) return RestoreExport(path, target_dir, need_full_lm_head);
   // A step directory is "<root>/step-NNNNNNNN"; anything else is a root.
   std::filesystem::path p(path);
   while (p.has_filename() == false && p.has_parent_path()) p = p.parent_path();
@@ -88,11 +168,15 @@ absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_fu
   options.root = root;
   options.read_only = true;
   ASSIGN_OR_RETURN(auto manager, CheckpointManager::Create(options));
-  if (!step) {
-    ASSIGN_OR_RETURN(step, manager->LatestStep());
-    if (!step) return absl::NotFoundError(absl::StrCat("no checkpoint in ", root));
+  CheckpointContents contents;
+  if (step) {
+    ASSIGN_OR_RETURN(contents, manager->Load(*step));
+  } else {
+    // The newest checkpoint that verifies.
+    ASSIGN_OR_RETURN(std::optional<CheckpointManager::Loaded> loaded, manager->LoadNewest());
+    if (!loaded) return absl::NotFoundError(absl::StrCat("no checkpoint in ", root));
+    contents = std::move(loaded->contents);
   }
-  ASSIGN_OR_RETURN(CheckpointContents contents, manager->Load(*step));
   RestoredDraft restored;
   restored.state = contents.state;
   if (!contents.state.contains("draft_shape") || !contents.state.contains("target_dir")) {
@@ -100,34 +184,10 @@ absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_fu
         absl::StrCat("checkpoint ", path, ": state.json lacks draft_shape/target_dir"));
   }
   ASSIGN_OR_RETURN(DraftShape shape, DraftShapeFromJson(contents.state["draft_shape"]));
-  const std::string target_dir = contents.state["target_dir"].get<std::string>();
-  ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(target_dir));
-  shape.rms_norm_eps = target.rms_norm_eps;
-  shape.rope_theta = target.rope_theta;
-  shape.rope_scaling = target.rope_scaling;
-  shape.max_position_embeddings = target.max_position_embeddings;
-  auto d2t = contents.draft.find("d2t");
-  auto t2d = contents.draft.find("t2d");
-  if (d2t == contents.draft.end() || t2d == contents.draft.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " lacks d2t/t2d"));
-  }
-  VocabMap map;
-  torch::Tensor d = d2t->second.to(torch::kInt64).contiguous();
-  torch::Tensor t = t2d->second.to(torch::kUInt8).contiguous();
-  map.d2t.assign(d.data_ptr<int64_t>(), d.data_ptr<int64_t>() + d.numel());
-  map.t2d.assign(t.data_ptr<uint8_t>(), t.data_ptr<uint8_t>() + t.numel());
-  for (int64_t i = 0; i < map.draft_vocab(); ++i) map.used.push_back(map.d2t[i] + i);
-  ASSIGN_OR_RETURN(restored.draft,
-                   Eagle3Draft::Create(shape, target_dir, map, 0, need_full_lm_head));
-  torch::NoGradGuard no_grad;
-  for (auto& [pname, param] : restored.draft->parameters()) {
-    auto it = contents.draft.find(pname);
-    if (it == contents.draft.end() || !it->second.sizes().equals(param.sizes())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint ", path, ": draft tensor ", pname, " missing or mis-shaped"));
-    }
-    param.detach().copy_(it->second);
-  }
+  const std::string target =
+      target_dir.empty() ? contents.state["target_dir"].get<std::string>() : target_dir;
+  ASSIGN_OR_RETURN(restored.draft, BuildDraft(shape, target, contents.draft, need_full_lm_head,
+                                              absl::StrCat("checkpoint ", path)));
   return restored;
 }
 
@@ -142,9 +202,10 @@ absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& 
 
 absl::StatusOr<std::string> EvaluateCheckpoint(const std::string& checkpoint,
                                                const std::string& store, int ttt_steps,
-                                               int64_t max_length) {
+                                               int64_t max_length, const std::string& target_dir) {
   ASSIGN_OR_RETURN(auto source, StoreSource::Open(store));
-  ASSIGN_OR_RETURN(RestoredDraft restored, RestoreDraft(checkpoint, !source->has_target_ids()));
+  ASSIGN_OR_RETURN(RestoredDraft restored,
+                   RestoreDraft(checkpoint, !source->has_target_ids(), target_dir));
   const int k = ttt_steps > 0 ? ttt_steps : restored.state.value("ttt_steps", 7);
   ASSIGN_OR_RETURN(EvalResult result,
                    Evaluate(*restored.draft, *source, k, max_length, torch::kFloat32));

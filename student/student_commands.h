@@ -25,19 +25,26 @@ absl::StatusOr<ExportInput> DraftExportInput(const Eagle3Draft& draft,
                                              const std::vector<int>& capture_layer_ids);
 
 // A draft restored from a checkpoint (`path` is a checkpoint root, whose
-// latest step is used, or one step directory), with its state.json.
+// newest good step is used, or one step directory) with its state.json, or
+// from an exported draft directory (config.json + model.safetensors; its
+// state is {"target_dir", "capture_layer_ids"}). `target_dir` overrides the
+// checkpoint's target and is required for an export, which does not record
+// it.
 struct RestoredDraft {
   std::unique_ptr<Eagle3Draft> draft;
   nlohmann::json state;
 };
-absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_full_lm_head);
+absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_full_lm_head,
+                                           const std::string& target_dir = "");
 
 absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out_dir);
 
-// {"loss":..,"acc":[..],"sim_accept_len":..,"positions":..}
+// {"loss":..,"acc":[..],"sim_accept_len":..,"positions":..} of a checkpoint
+// or an export (RestoreDraft) over an offline store.
 absl::StatusOr<std::string> EvaluateCheckpoint(const std::string& checkpoint,
                                                const std::string& store, int ttt_steps,
-                                               int64_t max_length);
+                                               int64_t max_length,
+                                               const std::string& target_dir = "");
 
 }  // namespace specstream::student
 

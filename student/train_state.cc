@@ -84,21 +84,23 @@ absl::StatusOr<int64_t> TrainState::Resume() {
   options.keep_last = static_cast<int>(run_.keep_last);
   options.read_only = run_.rank != 0;
   ASSIGN_OR_RETURN(auto manager, CheckpointManager::Create(options));
-  ASSIGN_OR_RETURN(std::optional<int64_t> latest, manager->LatestStep());
-  if (!latest) {
+  // The newest checkpoint that verifies (a corrupt one is set aside).
+  ASSIGN_OR_RETURN(std::optional<CheckpointManager::Loaded> loaded, manager->LoadNewest());
+  if (!loaded) {
     SS_LOG_INFO("resume: no checkpoint in {}, starting from step 0", run_.checkpoint_dir);
     return 0;
   }
-  ASSIGN_OR_RETURN(CheckpointContents contents, manager->Load(*latest));
+  const int64_t latest = loaded->step;
+  const CheckpointContents& contents = loaded->contents;
   const nlohmann::json& state = contents.state;
   if (state.value("world_size", 0) != run_.world_size) {
     return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint step ", *latest, " was written by ", state.value("world_size", 0),
+        absl::StrCat("checkpoint step ", latest, " was written by ", state.value("world_size", 0),
                      " ranks; exact resume needs the same world size (", run_.world_size, ")"));
   }
   if (state.value("cp_size", 1) != run_.cp_size) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint step ", *latest, " was written with cp_size ", state.value("cp_size", 1),
+        "checkpoint step ", latest, " was written with cp_size ", state.value("cp_size", 1),
         "; exact resume needs the same (", run_.cp_size, ")"));
   }
   if (state.value("steps_per_epoch", int64_t{0}) != run_.steps_per_epoch) {

@@ -107,6 +107,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.seed = training.seed();
   c.dtype = training.dtype() == "float32" ? torch::kFloat32 : torch::kBFloat16;
   c.log_every = training.log_every();
+  c.max_bad_steps = training.max_bad_steps();
   c.checkpoint_dir = spec.checkpoint().dir();
   c.checkpoint_every = spec.checkpoint().every_steps();
   c.keep_last = spec.checkpoint().keep_last();
@@ -229,6 +230,16 @@ absl::Status Trainer::Init() {
     return mismatch("num_layers", model.num_layers, target.num_hidden_layers);
   }
   capture_ = model.capture_layer_ids;
+  // An EAGLE-3 draft over captures the servers cannot use would only fail
+  // at export, after the whole run.
+  if (absl::Status capture = ValidateEagle3CaptureLayers(
+          std::vector<int64_t>(capture_.begin(), capture_.end()), target.num_hidden_layers);
+      !capture.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(source_name_, " captures layers [", absl::StrJoin(capture_, ", "),
+                     "], which an EAGLE-3 draft cannot be served with: ", capture.message(),
+                     " (set the capture layer ids when serving or dumping)"));
+  }
 
   VocabMap map;
   if (!c.vocab_map.empty()) {
@@ -459,7 +470,25 @@ absl::Status Trainer::TrainStepUnchecked() {
     grad_norm = ClipGradNorm(draft_->parameters(), config_.grad_clip);
   }));
   const double lr = schedule_.At(step_);
-  RETURN_IF_ERROR(CatchTorch("optimizer step", [&] { optimizer_->Step(lr); }));
+  // The norm is global, so every rank takes the same branch.
+  bool finite = true;
+  RETURN_IF_ERROR(
+      CatchTorch("finite check", [&] { finite = torch::isfinite(grad_norm).item<bool>(); }));
+  if (finite) {
+    RETURN_IF_ERROR(CatchTorch("optimizer step", [&] { optimizer_->Step(lr); }));
+  } else {
+    ++bad_steps_;
+    const std::string what =
+        absl::StrCat("training step ", step_ + 1, ": the gradient norm is ",
+                     grad_norm.item<double>(), " (a loss or gradient that is not finite)");
+    if (bad_steps_ > config_.max_bad_steps) {
+      return absl::InternalError(absl::StrCat(what, "; ", bad_steps_,
+                                              " such step(s), training.max_bad_steps is ",
+                                              config_.max_bad_steps));
+    }
+    SS_LOG_WARN("{}; update skipped ({} of training.max_bad_steps {})", what, bad_steps_,
+                config_.max_bad_steps);
+  }
   ++step_;
   RETURN_IF_ERROR(source_->Commit(step_, indices));
 

@@ -16,9 +16,13 @@
 // sum over DP of globally normalised losses is the token-weighted DP mean).
 //
 // Devices: a rank trains on one device (TrainerConfig::device). A step
-// queues its work there without reading anything back, except on the steps
-// that record metrics (log_every); on a CUDA device the host runs ahead of
-// the GPU in between.
+// queues its work there and reads back one flag, whether the gradient norm
+// is finite, before the optimizer step; metrics are read back only on the
+// steps that record them (log_every).
+//
+// Non-finite steps: a NaN or inf gradient norm (global: the same on every
+// rank after the all-reduce) skips the update on every rank; after
+// max_bad_steps such steps the run fails, naming the step.
 #ifndef SPECSTREAM_STUDENT_TRAINER_H_
 #define SPECSTREAM_STUDENT_TRAINER_H_
 
@@ -97,6 +101,8 @@ struct TrainerConfig {
   // from the device (one all-reduce, one copy). 0: every step, without log
   // lines (tests and benchmarks).
   int64_t log_every = 1;
+  // training.max_bad_steps: non-finite steps skipped before the run fails.
+  int64_t max_bad_steps = 0;
 
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
@@ -195,7 +201,8 @@ class Trainer final {
   LrSchedule schedule_;
   int64_t steps_per_epoch_ = 0;
   int64_t total_steps_ = 0;
-  int64_t step_ = 0;  // completed optimizer steps
+  int64_t step_ = 0;       // completed optimizer steps
+  int64_t bad_steps_ = 0;  // steps skipped for a non-finite gradient norm
   std::vector<StepMetrics> history_;
   // Since the last metric record: this rank's tokens and when the first
   // step after it began.

@@ -1,5 +1,6 @@
 #include "common/jobspec/job_spec.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file.h"
 #include "common/status.h"
+#include "common/unicode.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
@@ -87,7 +89,18 @@ nlohmann::json ScalarToJson(const YAML::Node& node) {
   return text;
 }
 
-absl::StatusOr<nlohmann::json> NodeToJson(const YAML::Node& node, const std::string& path) {
+// Nodes a spec may expand to. Aliases share nodes in yaml-cpp's graph but
+// every use is expanded here, so a small document of nested aliases (an
+// alias bomb) would otherwise grow without bound.
+constexpr int64_t kMaxSpecNodes = 100000;
+
+absl::StatusOr<nlohmann::json> NodeToJson(const YAML::Node& node, const std::string& path,
+                                          int64_t* budget) {
+  if (--*budget < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec YAML: ", MarkText(node.Mark()),
+                                                   ": the spec expands to more than ",
+                                                   kMaxSpecNodes, " values (nested aliases?)"));
+  }
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
     case YAML::NodeType::Null:
@@ -99,7 +112,7 @@ absl::StatusOr<nlohmann::json> NodeToJson(const YAML::Node& node, const std::str
       size_t index = 0;
       for (const YAML::Node& item : node) {
         ASSIGN_OR_RETURN(nlohmann::json value,
-                         NodeToJson(item, absl::StrCat(path, "[", index++, "]")));
+                         NodeToJson(item, absl::StrCat(path, "[", index++, "]"), budget));
         array.push_back(std::move(value));
       }
       return array;
@@ -118,7 +131,7 @@ absl::StatusOr<nlohmann::json> NodeToJson(const YAML::Node& node, const std::str
           return absl::InvalidArgumentError(absl::StrCat("job spec YAML: ", MarkText(key.Mark()),
                                                          ": duplicate key \"", child, "\""));
         }
-        ASSIGN_OR_RETURN(object[name], NodeToJson(entry.second, child));
+        ASSIGN_OR_RETURN(object[name], NodeToJson(entry.second, child, budget));
       }
       return object;
     }
@@ -133,6 +146,15 @@ absl::Status RequirePositive(int64_t value, absl::string_view field) {
 
 absl::Status RequireNonNegative(int64_t value, absl::string_view field) {
   if (value < 0) return FieldError(field, absl::StrCat("must be >= 0, got ", value));
+  return absl::OkStatus();
+}
+
+// In [0, max]: checked before any narrowing (credits are 32-bit, stored
+// counts 32-bit), so a huge value is refused instead of wrapping.
+absl::Status RequireAtMost(int64_t value, int64_t max, absl::string_view field) {
+  if (value < 0 || value > max) {
+    return FieldError(field, absl::StrCat("must be in [0, ", max, "], got ", value));
+  }
   return absl::OkStatus();
 }
 
@@ -183,7 +205,7 @@ absl::Status ValidateData(v1::DataSpec& data) {
     return FieldError("data.transport",
                       absl::StrCat("\"", data.transport(), "\" is not auto, inline, shm or nccl"));
   }
-  RETURN_IF_ERROR(RequireNonNegative(data.in_flight(), "data.in_flight"));
+  RETURN_IF_ERROR(RequireAtMost(data.in_flight(), kMaxInFlight, "data.in_flight"));
   if (data.in_flight() == 0) data.set_in_flight(8);
   return RequireNonNegative(data.max_length(), "data.max_length");
 }
@@ -275,6 +297,7 @@ absl::Status ValidateTraining(v1::TrainingSpec& training) {
   }
   if (training.log_every() == 0) training.set_log_every(kDefaultLogEvery);
   RETURN_IF_ERROR(RequirePositive(training.log_every(), "training.log_every"));
+  RETURN_IF_ERROR(RequireAtMost(training.max_bad_steps(), kMaxBadSteps, "training.max_bad_steps"));
   if (training.device().empty()) training.set_device("auto");
   if (!IsTrainingDevice(training.device())) {
     return FieldError("training.device", absl::StrCat("unknown device \"", training.device(),
@@ -285,7 +308,7 @@ absl::Status ValidateTraining(v1::TrainingSpec& training) {
 
 absl::Status ValidateCheckpoint(const v1::CheckpointSpec& checkpoint) {
   RETURN_IF_ERROR(RequireNonNegative(checkpoint.every_steps(), "checkpoint.every_steps"));
-  RETURN_IF_ERROR(RequireNonNegative(checkpoint.keep_last(), "checkpoint.keep_last"));
+  RETURN_IF_ERROR(RequireAtMost(checkpoint.keep_last(), kMaxKeepLast, "checkpoint.keep_last"));
   if (checkpoint.dir().empty() && (checkpoint.every_steps() > 0 || checkpoint.keep_last() > 0)) {
     return FieldError(
         checkpoint.every_steps() > 0 ? "checkpoint.every_steps" : "checkpoint.keep_last",
@@ -350,6 +373,22 @@ absl::Status ValidateParallel(v1::ParallelSpec& parallel) {
 }  // namespace
 
 absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text) {
+  if (yaml_text.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", yaml_text.size(),
+                                                   " bytes, more than the limit of ", kMaxSpecBytes,
+                                                   " bytes"));
+  }
+  // JSON (and the proto schema) hold UTF-8 only: refuse anything else here,
+  // naming where, instead of failing later inside a serialiser.
+  if (const size_t bad = unicode::FindInvalidUtf8(yaml_text); bad < yaml_text.size()) {
+    const absl::string_view before = yaml_text.substr(0, bad);
+    const size_t line_start = before.rfind('\n');
+    return absl::InvalidArgumentError(
+        absl::StrFormat("job spec YAML: line %d, column %d: invalid UTF-8 (byte 0x%02x)",
+                        std::count(before.begin(), before.end(), '\n') + 1,
+                        bad - (line_start == absl::string_view::npos ? 0 : line_start + 1) + 1,
+                        static_cast<unsigned char>(yaml_text[bad])));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml_text));
@@ -364,7 +403,8 @@ absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text) {
                                      ": the top level must be a map of sections"));
   }
   try {
-    ASSIGN_OR_RETURN(nlohmann::json json, NodeToJson(root, ""));
+    int64_t budget = kMaxSpecNodes;
+    ASSIGN_OR_RETURN(nlohmann::json json, NodeToJson(root, "", &budget));
     return json.dump();
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
@@ -401,7 +441,7 @@ absl::Status ValidateJobSpec(JobSpec& spec) {
   RETURN_IF_ERROR(ValidateCheckpoint(spec.checkpoint()));
   RETURN_IF_ERROR(ValidateParallel(*spec.mutable_parallel()));
   if (!spec.has_max_restarts()) spec.set_max_restarts(kDefaultMaxRestarts);
-  RETURN_IF_ERROR(RequireNonNegative(spec.max_restarts(), "max_restarts"));
+  RETURN_IF_ERROR(RequireAtMost(spec.max_restarts(), kMaxRestarts, "max_restarts"));
   return absl::OkStatus();
 }
 

@@ -40,6 +40,15 @@ inline constexpr int64_t kDefaultCpSize = 1;
 inline constexpr char kDefaultCpMode[] = "ring";
 inline constexpr int64_t kDefaultMaxRestarts = 3;
 inline constexpr int64_t kMaxWorldSize = 65536;
+// Upper bounds of counts that are narrowed on the way (stream credits, the
+// job store's 32-bit columns, the checkpoint manager's int).
+inline constexpr int64_t kMaxInFlight = 65536;
+// A job spec's size limit, checked before anything is parsed (the CLI and
+// the coordinator both parse with JobYamlToJson).
+inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;
+inline constexpr int64_t kMaxRestarts = 10000;
+inline constexpr int64_t kMaxBadSteps = 1000000;
+inline constexpr int64_t kMaxKeepLast = 1000000;
 
 // YAML text -> validated spec with defaults filled. Errors:
 //   * YAML syntax: InvalidArgument "job spec YAML: line L, column C: <msg>"

@@ -18,6 +18,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -361,6 +362,34 @@ RankProcessOutput RankProcess::TakeOutput() {
 std::optional<int> RankProcess::ExitCode() const {
   absl::MutexLock lock(&impl_->mu);
   return impl_->exit_code;
+}
+
+std::string ErrorLineOf(const std::vector<std::string>& lines) {
+  auto last = [&](auto matches) -> const std::string* {
+    for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+      if (matches(*it)) return &*it;
+    }
+    return nullptr;
+  };
+  if (const std::string* exit_line = last([](const std::string& line) {
+        return absl::StartsWith(line, "specstream") && line.find(": ") != std::string::npos;
+      })) {
+    return *exit_line;
+  }
+  if (const std::string* logged = last([](const std::string& line) {
+        return line.find("[error]") != std::string::npos ||
+               line.find("[critical]") != std::string::npos;
+      })) {
+    return *logged;
+  }
+  const std::string* any = last(
+      [](const std::string& line) { return line.find_first_not_of(" \t\r") != std::string::npos; });
+  return any != nullptr ? *any : "";
+}
+
+std::string RankProcess::ErrorLine() const {
+  absl::MutexLock lock(&impl_->mu);
+  return ErrorLineOf({impl_->stderr_tail.begin(), impl_->stderr_tail.end()});
 }
 
 std::string RankProcess::LastStderr(size_t n) const {

@@ -91,6 +91,8 @@ class RankProcess final {
 
   // The last `n` stderr lines (at most 100 are kept), joined with "\n".
   std::string LastStderr(size_t n) const;
+  // ErrorLineOf over the stderr lines kept: why a failed rank ended.
+  std::string ErrorLine() const;
 
   // SIGTERM to the child's process group now and SIGKILL after the grace
   // period unless it has exited. Returns at once; repeated calls are no-ops.
@@ -104,6 +106,12 @@ class RankProcess final {
   explicit RankProcess(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The line of a rank's stderr that says why it ended: the last
+// "<program>: <message>" line a SpecStream binary prints as it exits on an
+// error (common/exit_code.h ReportExit), else the last logged error
+// ("[error]" or "[critical]"), else the last non-empty line; "" for none.
+std::string ErrorLineOf(const std::vector<std::string>& lines);
 
 }  // namespace specstream::services
 

@@ -42,7 +42,6 @@
 namespace specstream::services {
 namespace {
 
-constexpr size_t kReasonStderrLines = 20;
 constexpr absl::Duration kLoopTick = absl::Milliseconds(100);
 // How long a shutdown waits for the coordinator to hear that the daemon is
 // draining before it stops its ranks anyway.
@@ -187,9 +186,10 @@ struct StudentDaemon::Impl {
       status.set_exited(true);
       status.set_exit_code(*code);
       if (*code != 0) {
-        std::string reason = entry.process != nullptr
-                                 ? entry.process->LastStderr(kReasonStderrLines)
-                                 : entry.failed_reason;
+        // The error line, not the tail of the log (whose first line is
+        // the trainer's banner).
+        std::string reason =
+            entry.process != nullptr ? entry.process->ErrorLine() : entry.failed_reason;
         if (reason.empty()) {
           reason = *code > 128 && *code < 128 + NSIG
                        ? absl::StrCat("killed by signal ", *code - 128, " (exit code ", *code, ")")

@@ -4,7 +4,8 @@
 //           this rank's own address: --host, SPECSTREAM_HOST,
 //           GLOO_SOCKET_IFNAME, else the one that routes to MASTER_ADDR)
 //   export  --checkpoint DIR --out DIR                 (SGLang / vLLM layout)
-//   eval    --checkpoint DIR --data STORE              (one JSON line)
+//   eval    --checkpoint DIR --data STORE [--target DIR] (one JSON line; DIR
+//           a checkpoint or an exported draft, which needs --target)
 //   serve   --coordinator HOST:PORT [...]              (a student daemon: runs
 //           the ranks the coordinator assigns until SIGTERM/SIGINT)
 #include <signal.h>
@@ -239,14 +240,18 @@ int main(int argc, char** argv) {
       ->required();
   export_cmd->add_option("--out", export_out, "Output directory")->required();
 
-  std::string eval_checkpoint, eval_data;
+  std::string eval_checkpoint, eval_data, eval_target;
   int eval_ttt = 0;
   int64_t eval_max_length = 0;
   CLI::App* eval_cmd = app.add_subcommand("eval", "Loss, acc_k and acceptance length on a store");
   eval_cmd
-      ->add_option("--checkpoint", eval_checkpoint, "Checkpoint root (latest) or step directory")
+      ->add_option("--checkpoint", eval_checkpoint,
+                   "Checkpoint root (newest good step), step directory or exported draft")
       ->required();
   eval_cmd->add_option("--data", eval_data, "Offline store")->required();
+  eval_cmd->add_option("--target", eval_target,
+                       "Target model directory (required for an exported draft; overrides a "
+                       "checkpoint's)");
   eval_cmd->add_option("--ttt-steps", eval_ttt, "TTT steps (default: the training run's)");
   eval_cmd->add_option("--max-length", eval_max_length, "Truncate samples (0: off)");
 
@@ -312,7 +317,8 @@ int main(int argc, char** argv) {
   if (*train_cmd) return ExitCode(Train(config_path, resume, train_host, train_device, -1));
   if (*export_cmd) return ExitCode(ExportCheckpoint(export_checkpoint, export_out));
   if (*eval_cmd) {
-    auto result = EvaluateCheckpoint(eval_checkpoint, eval_data, eval_ttt, eval_max_length);
+    auto result =
+        EvaluateCheckpoint(eval_checkpoint, eval_data, eval_ttt, eval_max_length, eval_target);
     if (!result.ok()) return ExitCode(result.status());
     std::cout << *result << "\n";
     return 0;

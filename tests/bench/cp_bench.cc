@@ -130,7 +130,7 @@ int RunRank(const std::string& dir, int64_t length, int cp, int ulysses, int ran
 
 // A store of one sample of `length` tokens with random hidden states.
 bool WriteStore(const std::string& path, int64_t length) {
-  return specstream::bench::WriteSyntheticStore(path, {kHidden, kVocab, kLayers, {1, 2, 3}},
+  return specstream::bench::WriteSyntheticStore(path, {kHidden, kVocab, kLayers, {0, 1, 2}},
                                                 length);
 }
 

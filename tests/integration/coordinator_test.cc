@@ -349,6 +349,10 @@ TEST_F(CoordinatorTest, FailingJobAndTeacherTokens) {
   EXPECT_EQ(job["state"], "JOB_STATE_FAILED");
   EXPECT_NE(job["reason"].get<std::string>().find("nowhere.jsonl"), std::string::npos)
       << job.dump();
+  // The error line alone, not the log's tail (P13 item 12).
+  EXPECT_EQ(job["reason"].get<std::string>().find('\n'), std::string::npos) << job.dump();
+  EXPECT_EQ(job["reason"].get<std::string>().find("trainer: rank"), std::string::npos)
+      << job.dump();
 
   // A rank started by hand, without a job token, is refused by the teacher.
   const int teacher_port = std::stoi(testing::ReadFile(dir_.Join("teacher.port")));

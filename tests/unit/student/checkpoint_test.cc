@@ -283,6 +283,63 @@ TEST(CheckpointTest, AFailedReplaceKeepsTheStepItWouldHaveReplaced) {
   EXPECT_FALSE(HasTmp(dir.path()));
 }
 
+// P13 item 10: a same-size corruption used to load silently (sizes were the
+// only check). Every file now carries a CRC32C in the manifest.
+TEST(CheckpointTest, ASameSizeCorruptionIsCaughtAndTheNewestGoodStepLoads) {
+  testing::TempDir dir;
+  auto manager = Make(dir.path());
+  CheckpointContents first = Sample(1);
+  ASSERT_TRUE(manager->Save(1, first).ok());
+  ASSERT_TRUE(manager->Save(2, Sample(2)).ok());
+  // One flipped bit in the tensor bytes at the end of the file.
+  const std::string draft = dir.Join("step-00000002/draft.safetensors");
+  std::string bytes = testing::ReadFile(draft);
+  bytes[bytes.size() - 3] ^= 0x10;
+  testing::WriteFile(draft, bytes);
+
+  auto direct = manager->Load(2);
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(direct.status().message()), HasSubstr("draft.safetensors: CRC32C"));
+
+  // A reader skips it and leaves it in place.
+  CheckpointOptions read_only;
+  read_only.root = dir.path();
+  read_only.read_only = true;
+  auto looker = CheckpointManager::Create(read_only);
+  ASSERT_TRUE(looker.ok());
+  auto seen = (*looker)->LoadNewest();
+  ASSERT_TRUE(seen.ok() && seen->has_value()) << seen.status();
+  EXPECT_EQ((*seen)->step, 1);
+  EXPECT_TRUE(fs::exists(dir.Join("step-00000002")));
+
+  // The writer sets it aside (never deletes it) and resumes from step 1.
+  auto loaded = manager->LoadNewest();
+  ASSERT_TRUE(loaded.ok() && loaded->has_value()) << loaded.status();
+  EXPECT_EQ((*loaded)->step, 1);
+  ExpectSame(first, (*loaded)->contents);
+  EXPECT_FALSE(fs::exists(dir.Join("step-00000002")));
+  EXPECT_TRUE(fs::exists(dir.Join("corrupt-step-00000002/draft.safetensors")));
+  auto restarted = Make(dir.path());  // Create's cleanup keeps it too
+  EXPECT_TRUE(fs::exists(dir.Join("corrupt-step-00000002")));
+  EXPECT_EQ(*restarted->ListSteps(), (std::vector<int64_t>{1}));
+}
+
+TEST(CheckpointTest, ManifestsWithoutChecksumsStillLoad) {
+  testing::TempDir dir;
+  auto manager = Make(dir.path());
+  CheckpointContents first = Sample(3);
+  ASSERT_TRUE(manager->Save(3, first).ok());
+  const std::string path = dir.Join("step-00000003/manifest.json");
+  nlohmann::json manifest = nlohmann::json::parse(testing::ReadFile(path));
+  ASSERT_TRUE(manifest.contains("crc32c"));
+  manifest.erase("crc32c");  // as written before checksums existed
+  testing::WriteFile(path, manifest.dump(2) + "\n");
+  auto loaded = manager->Load(3);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSame(first, *loaded);
+}
+
 TEST(CheckpointTest, MissingLatestFallsBackToNewestCompleteStep) {
   testing::TempDir dir;
   auto manager = Make(dir.path());

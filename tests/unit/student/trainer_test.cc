@@ -2,11 +2,13 @@
 
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <set>
 
 #include "common/torch/process_group.h"
 #include "gtest/gtest.h"
 #include "student/export.h"
+#include "student/student_commands.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
 #include "tests/testing/rank_threads.h"
@@ -356,6 +358,20 @@ TEST_F(TrainerTest, ExportAtTheEndHasTheServingLayout) {
   EXPECT_EQ(exported->tensors["lm_head.weight"].sizes(), (std::vector<int64_t>{128, 32}));
   EXPECT_EQ(exported->config.draft_vocab_size, 128);
   EXPECT_EQ(exported->config.aux_layer_ids, (std::vector<int64_t>{1, 3, 4}));
+
+  // P13 item 21: `eval` takes the export (what users ship). It used to
+  // answer "no checkpoint in ...". An export does not name its target.
+  auto no_target = EvaluateCheckpoint(dir.Join("export"), config.store, 3, 0);
+  ASSERT_FALSE(no_target.ok());
+  EXPECT_NE(no_target.status().message().find("--target"), std::string::npos) << no_target.status();
+  auto line = EvaluateCheckpoint(dir.Join("export"), config.store, 3, 0, config.target_dir);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const nlohmann::json eval = nlohmann::json::parse(*line);
+  auto own = Evaluate((*trainer)->draft(), (*trainer)->source(), 3, 0, torch::kFloat32);
+  ASSERT_TRUE(own.ok()) << own.status();
+  // The export holds bf16 weights: the same draft up to that rounding.
+  EXPECT_NEAR(eval["loss"].get<double>(), own->loss, 0.05 * own->loss);
+  EXPECT_EQ(eval["positions"].get<int64_t>(), own->positions);
 }
 
 TEST_F(TrainerTest, BadConfigsAreRefusedClearly) {
@@ -398,7 +414,7 @@ TEST_F(TrainerTest, BadConfigsAreRefusedClearly) {
 // returns an error, or hands out a tensor of the wrong shape.
 class BreakingSource final : public SampleSource {
  public:
-  enum class Break { kError, kBadShape };
+  enum class Break { kError, kBadShape, kNaN };
   BreakingSource(std::unique_ptr<SampleSource> inner, int64_t at, Break how)
       : inner_(std::move(inner)), at_(at), how_(how) {}
   int64_t size() const override { return inner_->size(); }
@@ -406,6 +422,10 @@ class BreakingSource final : public SampleSource {
     absl::StatusOr<TrainingSample> s = inner_->Get(index);
     if (index != at_ || !s.ok()) return s;
     if (how_ == Break::kError) return absl::UnavailableError("teacher went away at sample");
+    if (how_ == Break::kNaN) {
+      s->aux_hidden = torch::full_like(s->aux_hidden, std::numeric_limits<float>::quiet_NaN());
+      return s;
+    }
     s->aux_hidden = s->aux_hidden.narrow(1, 0, 5);  // not C·H wide
     return s;
   }
@@ -449,6 +469,78 @@ TEST_F(TrainerTest, AnInjectedSourcesFailuresEndTheStepWithAStatus) {
   TrainerConfig c = Config();
   EXPECT_EQ(Trainer::Create(c, nullptr, 0, 1, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// P13 item 20: capture ids an EAGLE-3 server cannot use were refused only at
+// export, after the whole run. The trainer now refuses them at Create.
+TEST_F(TrainerTest, CaptureIdsTheServersCannotUseAreRefusedAtStart) {
+  class Recaptured final : public SampleSource {
+   public:
+    Recaptured(std::unique_ptr<SampleSource> inner, std::vector<int> ids)
+        : inner_(std::move(inner)), model_(inner_->model()) {
+      model_.capture_layer_ids = std::move(ids);
+    }
+    int64_t size() const override { return inner_->size(); }
+    absl::StatusOr<TrainingSample> Get(int64_t index) override { return inner_->Get(index); }
+    absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override {
+      return inner_->GetRows(index, rows);
+    }
+    const ModelContract& model() const override { return model_; }
+    int64_t Length(int64_t index) const override { return inner_->Length(index); }
+    bool has_target_ids() const override { return inner_->has_target_ids(); }
+    absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,
+                          std::vector<uint8_t>* mask) override {
+      return inner_->TokenIds(index, ids, mask);
+    }
+
+   private:
+    std::unique_ptr<SampleSource> inner_;
+    ModelContract model_;
+  };
+  // The 8-layer target: ids must be three, ascending, and below 7.
+  for (const std::vector<int>& ids :
+       {std::vector<int>{1, 3, 7}, std::vector<int>{1, 3}, std::vector<int>{4, 3, 1}}) {
+    TrainerConfig c = Config();
+    auto store = StoreSource::Open(c.store);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto trainer =
+        Trainer::Create(c, std::make_unique<Recaptured>(*std::move(store), ids), 0, 1, {});
+    ASSERT_FALSE(trainer.ok()) << "accepted capture ids of size " << ids.size();
+    EXPECT_EQ(trainer.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(trainer.status().message().find("EAGLE-3"), std::string::npos) << trainer.status();
+  }
+}
+
+// P13 item 11: a NaN in the data used to train on (every weight NaN from
+// that step on). Now the step is skipped, and past training.max_bad_steps
+// the run fails naming the step.
+TEST_F(TrainerTest, NonFiniteStepsAreSkippedAndPastTheLimitFailTheRun) {
+  auto all_finite = [](Trainer& trainer) {
+    for (const auto& [name, p] : trainer.draft().parameters()) {
+      if (!torch::isfinite(p).all().item<bool>()) return false;
+    }
+    return true;
+  };
+  for (int64_t max_bad : {0, 1}) {
+    TrainerConfig c = Config();
+    c.max_bad_steps = max_bad;
+    auto store = StoreSource::Open(c.store);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto trainer = Trainer::Create(
+        c, std::make_unique<BreakingSource>(*std::move(store), 11, BreakingSource::Break::kNaN), 0,
+        1, {});
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    absl::Status run = (*trainer)->RunSteps(6);  // the epoch, sample 11 included
+    if (max_bad == 0) {
+      ASSERT_FALSE(run.ok());
+      EXPECT_NE(run.message().find("training step"), std::string::npos) << run;
+      EXPECT_NE(run.message().find("training.max_bad_steps is 0"), std::string::npos) << run;
+    } else {
+      ASSERT_TRUE(run.ok()) << run;
+      EXPECT_EQ((*trainer)->step(), 6);
+    }
+    EXPECT_TRUE(all_finite(**trainer)) << "max_bad_steps " << max_bad;
+  }
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 #include "common/jobspec/job_spec.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -189,6 +191,13 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
        "data.transport"},
       {"  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  in_flight: -2\n",
        "data.in_flight"},
+      // P13 item 16: values that used to wrap when narrowed (credit 0, a
+      // negative stored count) are refused before any narrowing.
+      {"  store: /data/store\n",
+       "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  in_flight: 4294967296\n", "data.in_flight"},
+      {"metrics:", "max_restarts: 2147483648\nmetrics:", "max_restarts"},
+      {"metrics:", "max_restarts: -1\nmetrics:", "max_restarts"},
+      {"keep_last: 3", "keep_last: 4294967297", "checkpoint.keep_last"},
   };
   for (const Refusal& c : cases) {
     auto spec = ParseJobSpecYaml(Edit(c.from, c.to));
@@ -256,6 +265,50 @@ TEST(JobConfigTest, YamlSyntaxErrorsCarryLineNumbers) {
   spec = ParseJobSpecYaml("data:\n  store: /s\n   bad: indentation\n");
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("line 3"));
+}
+
+// P13 item 15: invalid UTF-8 used to escape as an uncaught JSON exception.
+TEST(JobConfigTest, InvalidUtf8IsRefusedNamingTheLine) {
+  for (const std::string bad :
+       {std::string("\xff"), std::string("\xc3("), std::string("\xed\xa0\x80")}) {
+    auto spec = ParseJobSpecYaml(Edit("dir: /export", "dir: /exp" + bad + "ort"));
+    ASSERT_FALSE(spec.ok());
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr("invalid UTF-8"));
+    const std::string text = Edit("dir: /export", "dir: /exp" + bad + "ort");
+    const size_t at = text.find("/exp");
+    const int line = static_cast<int>(std::count(text.begin(), text.begin() + at, '\n')) + 1;
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(absl::StrCat("line ", line, ",")))
+        << spec.status();
+  }
+}
+
+// P13 item 14: 1.7 KB of nested aliases expanded to gigabytes (validate
+// aborted, a submit took the coordinator down). Expansion is now bounded.
+TEST(JobConfigTest, AnAliasBombIsRefusedBeforeItExpands) {
+  std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 12; ++i) {
+    bomb += absl::StrCat("a", i, ": &a", i, " [");
+    for (int j = 0; j < 10; ++j) absl::StrAppend(&bomb, j == 0 ? "" : ", ", "*a", i - 1);
+    bomb += "]\n";
+  }
+  ASSERT_LT(bomb.size(), 2000u);
+  auto spec = ParseJobSpecYaml(bomb);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("nested aliases"));
+}
+
+// P13 item 17: specs past the limit are refused before parsing.
+TEST(JobConfigTest, AnOversizedSpecIsRefusedBeforeParsing) {
+  std::string big = std::string(kValid) + "# " + std::string(kMaxSpecBytes, 'x') + "\n";
+  auto spec = ParseJobSpecYaml(big);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("more than the limit"));
+  // A spec at the limit's order of size but within it still parses.
+  std::string fine = std::string(kValid) + "# " + std::string(kMaxSpecBytes / 2, 'x') + "\n";
+  EXPECT_TRUE(ParseJobSpecYaml(fine).ok());
 }
 
 TEST(JobConfigTest, DuplicateKeysAreRefusedWithTheirLine) {

@@ -77,6 +77,28 @@ TEST(RankProcessTest, CapturesStdoutStderrAndExitCode) {
   EXPECT_TRUE((*process)->TakeOutput().lines.empty());
 }
 
+// P13 item 12: a failed job's reason was the tail of the rank's stderr, whose
+// first line is the trainer's banner. It is now the line that says why.
+TEST(RankProcessTest, TheErrorLineIsTheExitMessageOrTheLastLoggedError) {
+  EXPECT_EQ(ErrorLineOf({"[t] [specstream] [info] trainer: rank 0/2 (dp 0/2)",
+                         "[t] [specstream] [error] online: teacher a:1 lost",
+                         "specstream-student: training step 7: loss is nan",
+                         "[t] [specstream] [info] after"}),
+            "specstream-student: training step 7: loss is nan");
+  EXPECT_EQ(ErrorLineOf({"[t] [specstream] [info] trainer: rank 0/2",
+                         "[t] [specstream] [error] checkpoint: disk full", "  "}),
+            "[t] [specstream] [error] checkpoint: disk full");
+  EXPECT_EQ(ErrorLineOf({"banner", "Segmentation fault", ""}), "Segmentation fault");
+  EXPECT_EQ(ErrorLineOf({}), "");
+
+  auto process =
+      RankProcess::Start(Shell("echo '[t] [specstream] [info] trainer: rank 0/1 on cpu' >&2; "
+                               "echo 'specstream-student: store /x: cannot open' >&2; exit 2"));
+  ASSERT_TRUE(process.ok()) << process.status();
+  EXPECT_EQ(WaitExit(**process), 2);
+  EXPECT_EQ((*process)->ErrorLine(), "specstream-student: store /x: cannot open");
+}
+
 TEST(RankProcessTest, ExecFailureIsAnErrorNotAnExit) {
   RankProcessOptions options;
   options.argv = {"/nonexistent/specstream-student", "train"};
