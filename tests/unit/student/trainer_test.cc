@@ -411,28 +411,39 @@ TEST_F(TrainerTest, BadConfigsAreRefusedClearly) {
 }
 
 // A source in front of the store that breaks on cue: at one sample it
-// returns an error, or hands out a tensor of the wrong shape.
+// returns an error, hands out a tensor of the wrong shape or NaN hidden
+// states; or it claims other capture layers than the store's.
 class BreakingSource final : public SampleSource {
  public:
-  enum class Break { kError, kBadShape, kNaN };
+  enum class Break { kNone, kError, kBadShape, kNaN };
   BreakingSource(std::unique_ptr<SampleSource> inner, int64_t at, Break how)
-      : inner_(std::move(inner)), at_(at), how_(how) {}
+      : inner_(std::move(inner)), at_(at), how_(how), model_(inner_->model()) {}
+  BreakingSource(std::unique_ptr<SampleSource> inner, std::vector<int> capture_layer_ids)
+      : BreakingSource(std::move(inner), -1, Break::kNone) {
+    model_.capture_layer_ids = std::move(capture_layer_ids);
+  }
   int64_t size() const override { return inner_->size(); }
   absl::StatusOr<TrainingSample> Get(int64_t index) override {
     absl::StatusOr<TrainingSample> s = inner_->Get(index);
     if (index != at_ || !s.ok()) return s;
-    if (how_ == Break::kError) return absl::UnavailableError("teacher went away at sample");
-    if (how_ == Break::kNaN) {
-      s->aux_hidden = torch::full_like(s->aux_hidden, std::numeric_limits<float>::quiet_NaN());
-      return s;
+    switch (how_) {
+      case Break::kNone:
+        break;
+      case Break::kError:
+        return absl::UnavailableError("teacher went away at sample");
+      case Break::kBadShape:
+        s->aux_hidden = s->aux_hidden.narrow(1, 0, 5);  // not C·H wide
+        break;
+      case Break::kNaN:
+        s->aux_hidden = torch::full_like(s->aux_hidden, std::numeric_limits<float>::quiet_NaN());
+        break;
     }
-    s->aux_hidden = s->aux_hidden.narrow(1, 0, 5);  // not C·H wide
     return s;
   }
   absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override {
     return inner_->GetRows(index, rows);
   }
-  const ModelContract& model() const override { return inner_->model(); }
+  const ModelContract& model() const override { return model_; }
   int64_t Length(int64_t index) const override { return inner_->Length(index); }
   bool has_target_ids() const override { return inner_->has_target_ids(); }
   absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,
@@ -444,6 +455,7 @@ class BreakingSource final : public SampleSource {
   std::unique_ptr<SampleSource> inner_;
   int64_t at_;
   Break how_;
+  ModelContract model_;
 };
 
 TEST_F(TrainerTest, AnInjectedSourcesFailuresEndTheStepWithAStatus) {
@@ -474,29 +486,6 @@ TEST_F(TrainerTest, AnInjectedSourcesFailuresEndTheStepWithAStatus) {
 // P13 item 20: capture ids an EAGLE-3 server cannot use were refused only at
 // export, after the whole run. The trainer now refuses them at Create.
 TEST_F(TrainerTest, CaptureIdsTheServersCannotUseAreRefusedAtStart) {
-  class Recaptured final : public SampleSource {
-   public:
-    Recaptured(std::unique_ptr<SampleSource> inner, std::vector<int> ids)
-        : inner_(std::move(inner)), model_(inner_->model()) {
-      model_.capture_layer_ids = std::move(ids);
-    }
-    int64_t size() const override { return inner_->size(); }
-    absl::StatusOr<TrainingSample> Get(int64_t index) override { return inner_->Get(index); }
-    absl::StatusOr<TrainingSample> GetRows(int64_t index, const RowRange& rows) override {
-      return inner_->GetRows(index, rows);
-    }
-    const ModelContract& model() const override { return model_; }
-    int64_t Length(int64_t index) const override { return inner_->Length(index); }
-    bool has_target_ids() const override { return inner_->has_target_ids(); }
-    absl::Status TokenIds(int64_t index, std::vector<int32_t>* ids,
-                          std::vector<uint8_t>* mask) override {
-      return inner_->TokenIds(index, ids, mask);
-    }
-
-   private:
-    std::unique_ptr<SampleSource> inner_;
-    ModelContract model_;
-  };
   // The 8-layer target: ids must be three, ascending, and below 7.
   for (const std::vector<int>& ids :
        {std::vector<int>{1, 3, 7}, std::vector<int>{1, 3}, std::vector<int>{4, 3, 1}}) {
@@ -504,7 +493,7 @@ TEST_F(TrainerTest, CaptureIdsTheServersCannotUseAreRefusedAtStart) {
     auto store = StoreSource::Open(c.store);
     ASSERT_TRUE(store.ok()) << store.status();
     auto trainer =
-        Trainer::Create(c, std::make_unique<Recaptured>(*std::move(store), ids), 0, 1, {});
+        Trainer::Create(c, std::make_unique<BreakingSource>(*std::move(store), ids), 0, 1, {});
     ASSERT_FALSE(trainer.ok()) << "accepted capture ids of size " << ids.size();
     EXPECT_EQ(trainer.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(trainer.status().message().find("EAGLE-3"), std::string::npos) << trainer.status();
