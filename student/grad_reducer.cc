@@ -32,9 +32,9 @@ struct GradReducer::State {
 
 GradReducer::GradReducer(const NamedParams& params, c10::intrusive_ptr<CommGroup> group,
                          int64_t bucket_elements, torch::Device device)
-    : params_(params), group_(std::move(group)), state_(std::make_shared<State>()) {
-  if (!group_) return;
-  state_->group = group_;
+    : params_(params), state_(std::make_shared<State>()) {
+  state_->group = std::move(group);
+  if (!state_->group) return;
   auto& buckets = state_->buckets;
   int64_t filled = 0;
   for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
@@ -80,7 +80,7 @@ void GradReducer::Prepare() {
 }
 
 absl::Status GradReducer::Finish() {
-  if (!group_) return absl::OkStatus();
+  if (!state_->group) return absl::OkStatus();
   torch::NoGradGuard no_grad;
   // The loss is normalised by the global count, so the reduction is a sum.
   return CatchTorch("gradient all_reduce", [&] {
@@ -104,11 +104,11 @@ absl::Status GradReducer::Finish() {
 }
 
 absl::Status GradReducer::BroadcastParameters(int root) {
-  if (!group_) return absl::OkStatus();
+  if (!state_->group) return absl::OkStatus();
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : params_) {
     torch::Tensor data = p.detach();
-    RETURN_IF_ERROR(Annotate(Broadcast(*group_, data, root), name));
+    RETURN_IF_ERROR(Annotate(Broadcast(*state_->group, data, root), name));
   }
   return absl::OkStatus();
 }

@@ -49,8 +49,8 @@ class GradReducer final {
  private:
   struct State;
   NamedParams params_;
-  c10::intrusive_ptr<CommGroup> group_;
-  // Shared with the hooks, which outlive nothing they point to.
+  // The group and the buckets, shared with the hooks, which outlive nothing
+  // they point to.
   std::shared_ptr<State> state_;
 };
 
