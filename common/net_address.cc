@@ -27,6 +27,16 @@ absl::Status CheckListenPorts(int port, int metrics_port) {
   return absl::OkStatus();
 }
 
+bool IsLoopbackHost(absl::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  in_addr v4{};
+  const std::string text(host);
+  return inet_pton(AF_INET, text.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
+}
+
 absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_view field) {
   HostPort out;
   absl::string_view port_text;

@@ -24,6 +24,10 @@ absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_v
 // in [-1, 65535] (-1: off).
 absl::Status CheckListenPorts(int port, int metrics_port);
 
+// Whether a listening host is loopback only: "localhost", 127.0.0.0/8 or
+// ::1 (bracketed or not). "0.0.0.0", "::" and any other name are not.
+bool IsLoopbackHost(absl::string_view host);
+
 // The local IP address the kernel's routing table picks to reach `remote` (a
 // name or an address literal): a UDP socket connected to it sends nothing,
 // and its local end is that address. This is the address a peer on

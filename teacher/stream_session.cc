@@ -51,8 +51,12 @@ v1::Transport StreamSession::transport() const {
 bool StreamSession::Begin(const absl::Status& refusal) {
   absl::MutexLock lock(&mu_);
   if (!refusal.ok()) EndLocked(refusal);
+  // A call cancelled while it waited for its verdict has ended (and may have
+  // finished): reading then would outlive it.
+  const bool started = !end_status_.has_value();
+  if (started) call_->StartReading();
   PumpLocked();
-  return refusal.ok();
+  return started;
 }
 
 bool StreamSession::OnRequest(const StreamRequest& request) {

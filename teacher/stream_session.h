@@ -54,6 +54,10 @@ class StreamCall {
   // Ends the call with `status`; called once, with no write in flight. The
   // call reports OnDone after it.
   virtual void Finish(const absl::Status& status) = 0;
+  // Starts reading the student's requests (the call reports each through
+  // OnRequest, and reads the next when that returns true); called once, by
+  // Begin, when the stream is admitted and has not ended.
+  virtual void StartReading() = 0;
 };
 
 // What every session of a teacher shares: its limits and collaborators.
@@ -85,8 +89,9 @@ class StreamSession final : public SampleSink,
 
   // --- From the call ---
   // Starts the stream, or refuses it with `refusal` (draining, not
-  // authorized): it then finishes with that status at once. Returns whether
-  // to start reading requests.
+  // authorized): it then finishes with that status at once. Admission may
+  // be decided on any thread, after the call was cancelled. Returns whether
+  // the stream started: then it has called StartReading on the call.
   bool Begin(const absl::Status& refusal);
   // One request read from the student; returns whether to read another.
   bool OnRequest(const v1::StreamRequest& request);

@@ -177,13 +177,51 @@ std::shared_ptr<StreamSession> TeacherCore::NewSession(StreamCall* call, std::st
   return session;
 }
 
-absl::Status TeacherCore::Admit(const std::string& bearer_token) const {
+void TeacherCore::Admit(const std::string& bearer_token, const std::string& peer,
+                        std::function<void(absl::Status)> done) {
   {
     absl::MutexLock lock(&mu_);
-    if (draining_) return absl::UnavailableError("the teacher is shutting down");
+    if (draining_) return done(absl::UnavailableError("the teacher is shutting down"));
   }
-  if (options_.authorize) return options_.authorize(bearer_token);
-  return absl::OkStatus();
+  if (!options_.authorize) return done(absl::OkStatus());
+  std::string host = PeerLimiter::PeerHost(peer);
+  if (absl::Status allowed = peer_limiter_.Admit(host, absl::Now()); !allowed.ok()) {
+    return done(allowed);
+  }
+  // The verdict may come at once (a known token) or later (a token the
+  // teacher has not heard of yet). Only a later one counts against the
+  // peer's limit of pending calls; a peer over it is refused at once and
+  // the late verdict is dropped. Whichever comes first decides.
+  struct Decision {
+    absl::Mutex mu;
+    bool decided ABSL_GUARDED_BY(mu) = false;
+    bool pending ABSL_GUARDED_BY(mu) = false;
+  };
+  auto decision = std::make_shared<Decision>();
+  options_.authorize(bearer_token, [this, host, decision, done](absl::Status verdict) {
+    bool pending = false;
+    {
+      absl::MutexLock lock(&decision->mu);
+      if (decision->decided) return;
+      decision->decided = true;
+      pending = decision->pending;
+    }
+    if (pending) peer_limiter_.RemovePending(host);
+    peer_limiter_.Record(host, verdict.ok(), absl::Now());
+    done(std::move(verdict));
+  });
+  absl::Status over_limit;
+  {
+    absl::MutexLock lock(&decision->mu);
+    if (decision->decided) return;
+    over_limit = peer_limiter_.AddPending(host);
+    if (over_limit.ok()) {
+      decision->pending = true;
+      return;
+    }
+    decision->decided = true;
+  }
+  done(std::move(over_limit));
 }
 
 void TeacherCore::SessionDone(StreamSession* session) {

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/peer_limiter.h"
 #include "common/transport/payload_channel.h"
 #include "specstream/v1/teacher.pb.h"
 #include "teacher/compute_batcher.h"
@@ -75,12 +76,20 @@ struct TeacherServiceOptions {
   // in production (and then payloads are sent from the tensors without
   // packing them first).
   std::function<void(int64_t sample_id, std::string& payload)> corrupt_payload_for_testing;
-  // Who may open a sample stream: called with the bearer token the student
-  // sent ("" when none) before the stream starts; a non-OK status (e.g.
-  // UNAUTHENTICATED) ends the stream with it. Unset: everyone. A teacher
-  // daemon under a coordinator admits the tokens of running jobs. May block
-  // briefly (it runs once per stream).
-  std::function<absl::Status(const std::string& bearer_token)> authorize;
+  // Who may open a sample stream or call Describe: called with the bearer
+  // token the client sent ("" when none); it calls `done` exactly once, from
+  // any thread, possibly before it returns, with OK or the refusal (e.g.
+  // UNAUTHENTICATED) the call then ends with. It must not block: it runs on
+  // the server's callback threads, which Describe and the health service
+  // share. Unset: everyone. A standalone teacher compares a token file; a
+  // teacher daemon under a coordinator admits the tokens of its running
+  // jobs, waiting (without a thread) for a heartbeat when a token is new.
+  using Authorizer =
+      std::function<void(const std::string& bearer_token, std::function<void(absl::Status)> done)>;
+  Authorizer authorize;
+  // Per-peer limits on calls still being authorized and on refusals
+  // (common/peer_limiter.h); apply only when `authorize` is set.
+  PeerLimiterOptions peer_limits;
 };
 
 class TeacherCore final {
@@ -108,9 +117,13 @@ class TeacherCore final {
   // A new stream writing through `call` (valid until the session's OnDone),
   // registered until SessionDone. Begin it with Admit's verdict.
   std::shared_ptr<StreamSession> NewSession(StreamCall* call, std::string peer);
-  // Whether a new stream with this bearer token may start: UNAVAILABLE while
-  // draining, else options.authorize's verdict.
-  absl::Status Admit(const std::string& bearer_token) const;
+  // Whether a new call (a stream, or Describe) from `peer` (a gRPC peer
+  // string) with this bearer token may proceed; `done` gets the verdict once,
+  // maybe before Admit returns: UNAVAILABLE while draining,
+  // RESOURCE_EXHAUSTED when the peer is over its limits, else
+  // options.authorize's verdict. Never blocks.
+  void Admit(const std::string& bearer_token, const std::string& peer,
+             std::function<void(absl::Status)> done);
   // The session's call is done (after its OnDone); it leaves the registry.
   void SessionDone(StreamSession* session);
 
@@ -152,6 +165,7 @@ class TeacherCore final {
   absl::flat_hash_map<StreamSession*, std::shared_ptr<StreamSession>> sessions_
       ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  PeerLimiter peer_limiter_{options_.peer_limits};
 
   mutable absl::Mutex stats_mu_;
   Stats stats_ ABSL_GUARDED_BY(stats_mu_);

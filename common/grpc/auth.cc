@@ -6,11 +6,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
+#include "openssl/rand.h"
+#include "openssl/sha.h"
 
 namespace specstream {
 namespace {
@@ -45,9 +48,9 @@ absl::StatusOr<std::string> ReadPem(absl::string_view field, const std::string& 
   return contents;
 }
 
-// Compares in time that depends only on `expected`'s length, so a client
-// cannot learn the token a byte at a time from response latency.
-bool ConstantTimeEquals(absl::string_view expected, absl::string_view got) {
+}  // namespace
+
+bool TokenMatches(absl::string_view expected, absl::string_view got) {
   unsigned diff = expected.size() == got.size() ? 0u : 1u;
   for (size_t i = 0; i < expected.size(); ++i) {
     unsigned char g = i < got.size() ? static_cast<unsigned char>(got[i]) : 0u;
@@ -56,7 +59,20 @@ bool ConstantTimeEquals(absl::string_view expected, absl::string_view got) {
   return diff == 0;
 }
 
-}  // namespace
+std::string TokenHash(absl::string_view token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+}
+
+std::string RandomToken(int bytes) {
+  std::string raw(static_cast<size_t>(bytes), '\0');
+  // RAND_bytes draws from the OS CSPRNG; failure means no entropy source,
+  // which no caller can recover from.
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), bytes) != 1) std::abort();
+  return absl::BytesToHexString(raw);
+}
 
 absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
   if (!token_file.empty()) {
@@ -78,6 +94,16 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
   std::string token(absl::StripAsciiWhitespace(env));
   if (absl::Status s = ValidateToken(token, kTokenEnvVar); !s.ok()) return s;
   return token;
+}
+
+absl::Status CheckTlsServerFlags(const TlsServerFiles& files) {
+  if (files.cert.empty() != files.key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
+  }
+  if (!files.client_ca.empty() && files.cert.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca: needs --tls-cert and --tls-key");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
@@ -164,7 +190,7 @@ grpc::Status CheckBearer(const grpc::ServerContextBase& context, absl::string_vi
   if (!token.has_value()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing bearer token");
   }
-  if (!ConstantTimeEquals(expected, *token)) {
+  if (!TokenMatches(expected, *token)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
   }
   return grpc::Status::OK;

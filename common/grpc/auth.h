@@ -46,6 +46,11 @@ struct TlsClientFiles {
   std::string key;
 };
 
+// The server TLS files given in a usable combination, as flags
+// (--tls-cert, --tls-key, --tls-client-ca): cert and key both or neither, a
+// client CA only with them. Reads no file (--check-config runs it).
+absl::Status CheckTlsServerFlags(const TlsServerFiles& files);
+
 // Insecure credentials when `files.cert` (server) / `files.ca` (client) is
 // empty. Unreadable or non-PEM files, a cert without a key (or the reverse),
 // and a key / CA given without the file that turns TLS on are
@@ -54,6 +59,17 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsServerFiles& files);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const TlsClientFiles& files);
+
+// Whether `got` equals `expected`, in time that depends only on
+// `expected`'s length (a client cannot learn a token a byte at a time).
+bool TokenMatches(absl::string_view expected, absl::string_view got);
+
+// The lowercase hex SHA-256 of `token`: what the coordinator stores and
+// hands to teachers instead of a job token.
+std::string TokenHash(absl::string_view token);
+
+// A fresh random token: `bytes` bytes from the OS's CSPRNG, as hex.
+std::string RandomToken(int bytes = 16);
 
 // Adds "authorization: Bearer <token>"; no-op for an empty token.
 void AddBearer(grpc::ClientContext& context, absl::string_view token);

@@ -83,11 +83,14 @@ echo "demo: creating a tiny random qwen3 target with the tokenizer's vocab"
   --intermediate 128 --vocab 151936 --seed 1 --out "$WORK/target"
 
 echo "demo: starting a coordinator, one teacher and two student daemons"
+# Users (the CLI) and daemons hold different credentials.
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/token"
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/daemon-token"
 export SPECSTREAM_TOKEN
 SPECSTREAM_TOKEN=$(cat "$WORK/token")
 "$COORDINATOR" --host 127.0.0.1 --port 0 --port-file "$WORK/coordinator.port" \
-  --db "$WORK/jobs.db" --metrics-port 0 --metrics-port-file "$WORK/coordinator.metrics" \
+  --daemon-token-file "$WORK/daemon-token" --db "$WORK/jobs.db" \
+  --metrics-port 0 --metrics-port-file "$WORK/coordinator.metrics" \
   --heartbeat-ms 500 --lost-after-s 5 >"$WORK/logs/coordinator.log" 2>&1 &
 PIDS+=($!)
 wait_for_file "$WORK/coordinator.port" "$WORK/logs/coordinator.log"
@@ -95,6 +98,7 @@ export SPECSTREAM_ADDRESS="127.0.0.1:$(cat "$WORK/coordinator.port")"
 
 "$TEACHER" serve --model "$WORK/target" --devices cpu --port 0 --keep-target-ids \
   --port-file "$WORK/teacher.port" --coordinator "$SPECSTREAM_ADDRESS" --name teacher-0 \
+  --token-file "$WORK/daemon-token" \
   --model-name demo-qwen3 --metrics-port 0 --metrics-port-file "$WORK/teacher.metrics" \
   >"$WORK/logs/teacher.log" 2>&1 &
 PIDS+=($!)
@@ -102,7 +106,7 @@ for s in 0 1; do
   "$STUDENT" serve --coordinator "$SPECSTREAM_ADDRESS" --name "student-$s" --port 0 \
     --port-file "$WORK/student-$s.port" --metrics-port 0 \
     --metrics-port-file "$WORK/student-$s.metrics" --workdir "$WORK/student-$s" \
-    >"$WORK/logs/student-$s.log" 2>&1 &
+    --token-file "$WORK/daemon-token" >"$WORK/logs/student-$s.log" 2>&1 &
   PIDS+=($!)
 done
 wait_for_file "$WORK/teacher.port" "$WORK/logs/teacher.log"

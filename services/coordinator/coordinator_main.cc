@@ -1,7 +1,8 @@
 // `specstream-coordinator`: the job store, scheduler and daemon registry.
 //
 //   specstream-coordinator --port P --db FILE [--host H] [--port-file F]
-//       [--token-file F] [--tls-cert F --tls-key F [--tls-client-ca F]]
+//       (--token-file F --daemon-token-file F | --insecure-no-auth)
+//       [--tls-cert F --tls-key F [--tls-client-ca F]]
 //       [--metrics-port M] [--metrics-port-file F]
 //       [--heartbeat-ms MS] [--lost-after-s S]
 //
@@ -48,6 +49,8 @@ struct Flags {
   std::string port_file;
   std::string db;
   std::string token_file;
+  std::string daemon_token_file;
+  bool insecure_no_auth = false;
   TlsServerFiles tls;
   int metrics_port = -1;
   std::string metrics_port_file;
@@ -66,26 +69,44 @@ absl::StatusOr<std::string> CheckConfig(const Flags& flags) {
   }
   RETURN_IF_ERROR(CheckListenPorts(flags.port, flags.metrics_port));
   if (flags.db.empty()) return absl::InvalidArgumentError("--db: must not be empty");
-  if (flags.tls.cert.empty() != flags.tls.key.empty()) {
-    return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
+  RETURN_IF_ERROR(CheckTlsServerFlags(flags.tls));
+  if (flags.insecure_no_auth && (!flags.token_file.empty() || !flags.daemon_token_file.empty())) {
+    return absl::InvalidArgumentError(
+        "--insecure-no-auth: contradicts --token-file / --daemon-token-file");
   }
-  if (!flags.tls.client_ca.empty() && flags.tls.cert.empty()) {
-    return absl::InvalidArgumentError("--tls-client-ca: needs --tls-cert and --tls-key");
+  if (!flags.insecure_no_auth && flags.daemon_token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--daemon-token-file: required (daemons hold credentials of their own, so a user's "
+        "token cannot register a daemon; docs/operations.md), unless --insecure-no-auth");
   }
   return absl::StrCat("port ", flags.port, ", db ", flags.db, ", heartbeat ", flags.heartbeat_ms,
                       " ms, lost after ", flags.lost_after_s, " s, tls ",
-                      flags.tls.cert.empty() ? "off" : "on");
+                      flags.tls.cert.empty() ? "off" : "on", ", auth ",
+                      flags.insecure_no_auth ? "OFF" : "on");
 }
 
 absl::Status Run(const Flags& flags) {
   RETURN_IF_ERROR(CheckConfig(flags).status());
   RETURN_IF_ERROR(InstallShutdownSignals());
 
-  ASSIGN_OR_RETURN(std::string token, LoadToken(flags.token_file));
+  CoordinatorAuth auth;
+  if (!flags.insecure_no_auth) {
+    ASSIGN_OR_RETURN(auth.user_token, LoadToken(flags.token_file));
+    if (auth.user_token.empty()) {
+      return absl::InvalidArgumentError(
+          "--token-file: required (the users' token; or $SPECSTREAM_TOKEN), unless "
+          "--insecure-no-auth");
+    }
+    ASSIGN_OR_RETURN(auth.daemons, DaemonCredentials::Load(flags.daemon_token_file));
+  } else {
+    SS_LOG_WARN(
+        "coordinator: --insecure-no-auth: ANYONE who reaches this port can submit jobs and "
+        "register daemons");
+  }
   ASSIGN_OR_RETURN(auto credentials, MakeServerCredentials(flags.tls));
   // One coordinator per database: two would schedule the same jobs twice.
   const std::string lock_path = flags.db + ".lock";
-  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd < 0) return ErrnoStatus("open", lock_path);
   if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(absl::StrCat("--db: another coordinator is using ",
@@ -98,8 +119,8 @@ absl::Status Run(const Flags& flags) {
   options.lost_after = absl::Seconds(flags.lost_after_s);
   ASSIGN_OR_RETURN(auto scheduler, Scheduler::Create(options));
 
-  JobServiceImpl jobs(scheduler.get(), token);
-  RegistryServiceImpl registry(scheduler.get(), token);
+  JobServiceImpl jobs(scheduler.get(), auth);
+  RegistryServiceImpl registry(scheduler.get(), auth);
   EnableServerDefaults();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -128,7 +149,8 @@ absl::Status Run(const Flags& flags) {
   }
 
   SS_LOG_INFO("coordinator listening on {}:{} (db {}, auth {}, tls {})", flags.host, port, flags.db,
-              token.empty() ? "off" : "bearer token", flags.tls.cert.empty() ? "off" : "on");
+              flags.insecure_no_auth ? "OFF" : "user token + daemon credentials",
+              flags.tls.cert.empty() ? "off" : "on");
   std::cout << "listening on " << flags.host << ":" << port << std::endl;
   if (!flags.port_file.empty()) {
     RETURN_IF_ERROR(WriteFileAtomically(flags.port_file, absl::StrCat(port, "\n")));
@@ -163,8 +185,11 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", flags.port_file, "Write the bound port here once listening");
   app.add_option("--db", flags.db, "SQLite job database (created if absent; WAL mode)")->required();
   app.add_option("--token-file", flags.token_file,
-                 "Bearer token clients and daemons must present (else $SPECSTREAM_TOKEN; "
-                 "neither: no auth)");
+                 "Users' bearer token: submit, watch, list, stop (else $SPECSTREAM_TOKEN)");
+  app.add_option("--daemon-token-file", flags.daemon_token_file,
+                 "Daemon credentials, one \"NAME TOKEN\" per line (\"* TOKEN\": any name)");
+  app.add_flag("--insecure-no-auth", flags.insecure_no_auth,
+               "Run without authentication (warns; for a trusted network only)");
   app.add_option("--tls-cert", flags.tls.cert, "PEM server certificate (enables TLS)");
   app.add_option("--tls-key", flags.tls.key, "PEM server private key");
   app.add_option("--tls-client-ca", flags.tls.client_ca,

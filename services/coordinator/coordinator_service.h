@@ -1,23 +1,64 @@
 // gRPC adapters over Scheduler: JobService (users) and RegistryService
-// (daemons). Each handler checks the bearer token, calls the scheduler and
-// converts the status once. Watch polls the scheduler's event wait in short
-// slices so a cancelled client or a server shutdown ends it promptly.
+// (daemons). Each handler checks the caller's credential, calls the
+// scheduler and converts the status once. Watch polls the scheduler's event
+// wait in short slices so a cancelled client or a server shutdown ends it
+// promptly.
+//
+// Roles: users hold the user token (JobService, ListDaemons); daemons hold
+// a daemon credential (Register, Heartbeat), bound to the daemon's name
+// unless it is a shared one. Neither can act as the other. Refusals are
+// counted per peer (common/peer_limiter.h): a peer past its limit is
+// refused before any check.
 #ifndef SPECSTREAM_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 #define SPECSTREAM_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <atomic>
+#include <map>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/peer_limiter.h"
 #include "services/coordinator/scheduler.h"
 #include "specstream/v1/coordinator.grpc.pb.h"
 
 namespace specstream::services {
 
+// The daemons' credentials (--daemon-token-file). Each line is
+// "NAME TOKEN": the daemon called NAME, and only it, presents TOKEN; or
+// "* TOKEN" (or just "TOKEN"): a shared daemon token, accepted under any
+// name (simpler to deploy, but a holder can then take any daemon's name).
+// Blank lines and lines starting with '#' are skipped.
+class DaemonCredentials final {
+ public:
+  // InvalidArgument naming `source` and the line for a malformed line, a
+  // token gRPC cannot carry, or a name given twice.
+  static absl::StatusOr<DaemonCredentials> Parse(absl::string_view text, absl::string_view source);
+  static absl::StatusOr<DaemonCredentials> Load(const std::string& path);
+
+  bool empty() const { return by_name_.empty(); }
+  // OK when `token` is `name`'s (or the shared one); UNAUTHENTICATED
+  // otherwise, never saying which names exist.
+  absl::Status Check(absl::string_view name, absl::string_view token) const;
+
+ private:
+  std::map<std::string, std::string, std::less<>> by_name_;  // "*": shared
+};
+
+// What a coordinator checks. Both empty: no authentication
+// (--insecure-no-auth).
+struct CoordinatorAuth {
+  std::string user_token;
+  DaemonCredentials daemons;
+  PeerLimiterOptions peer_limits;
+};
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  // `scheduler` outlives the service; `token` empty: no auth.
-  JobServiceImpl(Scheduler* scheduler, std::string token)
-      : scheduler_(scheduler), token_(std::move(token)) {}
+  // `scheduler` outlives the service.
+  JobServiceImpl(Scheduler* scheduler, const CoordinatorAuth& auth)
+      : scheduler_(scheduler), auth_(auth), limiter_(auth.peer_limits) {}
 
   // Ends open Watch streams (before Server::Shutdown).
   void Shutdown() { shutting_down_ = true; }
@@ -34,15 +75,18 @@ class JobServiceImpl final : public v1::JobService::Service {
                      grpc::ServerWriter<v1::JobEvent>* writer) override;
 
  private:
+  grpc::Status Authenticate(const grpc::ServerContext& context);
+
   Scheduler* scheduler_;
-  const std::string token_;
+  const CoordinatorAuth auth_;
+  PeerLimiter limiter_;
   std::atomic<bool> shutting_down_{false};
 };
 
 class RegistryServiceImpl final : public v1::RegistryService::Service {
  public:
-  RegistryServiceImpl(Scheduler* scheduler, std::string token)
-      : scheduler_(scheduler), token_(std::move(token)) {}
+  RegistryServiceImpl(Scheduler* scheduler, const CoordinatorAuth& auth)
+      : scheduler_(scheduler), auth_(auth), limiter_(auth.peer_limits) {}
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -52,8 +96,12 @@ class RegistryServiceImpl final : public v1::RegistryService::Service {
                            v1::ListDaemonsResponse* response) override;
 
  private:
+  // A daemon acting as `name`.
+  grpc::Status AuthenticateDaemon(const grpc::ServerContext& context, absl::string_view name);
+
   Scheduler* scheduler_;
-  const std::string token_;
+  const CoordinatorAuth auth_;
+  PeerLimiter limiter_;
 };
 
 }  // namespace specstream::services

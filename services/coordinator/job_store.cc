@@ -1,6 +1,9 @@
 #include "services/coordinator/job_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <map>
@@ -17,6 +20,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/file.h"
+#include "common/grpc/auth.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -24,8 +29,10 @@ namespace specstream::services {
 namespace {
 
 // Bumped whenever the schema changes; stored in PRAGMA user_version. A file
-// written by a newer coordinator is refused rather than misread.
-constexpr int kSchemaVersion = 1;
+// written by a newer coordinator is refused rather than misread. Version 2:
+// jobs.token holds the token's SHA-256 (TokenHash), no longer the token;
+// Init migrates a version 1 file in place.
+constexpr int kSchemaVersion = 2;
 
 // How long a writer waits for another connection's write lock (another
 // process on the same file) before SQLITE_BUSY.
@@ -40,7 +47,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   ord INTEGER NOT NULL UNIQUE,
   state INTEGER NOT NULL,
   created_unix_ms INTEGER NOT NULL,
-  token TEXT NOT NULL,
+  token TEXT NOT NULL,  -- TokenHash of the job token, never the token
   job BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_state_ord ON jobs (state, ord);
@@ -282,6 +289,29 @@ struct JobStore::Impl {
     return jobs;
   }
 
+  // Version 1 -> 2: replaces each stored token with its hash (in Init's
+  // transaction, so a crash leaves version 1 and clear tokens, never a mix).
+  absl::Status MigrateTokensToHashes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<std::pair<std::string, std::string>> rows;
+    {
+      ASSIGN_OR_RETURN(auto stmt, Prepare("SELECT id, token FROM jobs"));
+      while (true) {
+        ASSIGN_OR_RETURN(const bool row, StepRow(*stmt, "read tokens"));
+        if (!row) break;
+        rows.emplace_back(stmt->ColumnBytes(0), stmt->ColumnBytes(1));
+      }
+    }
+    for (const auto& [id, token] : rows) {
+      ASSIGN_OR_RETURN(auto stmt, Prepare("UPDATE jobs SET token = ?2 WHERE id = ?1"));
+      stmt->Bind(1, id);
+      stmt->Bind(2, specstream::TokenHash(token));
+      RETURN_IF_ERROR(StepDone(*stmt, "hash token"));
+    }
+    SS_LOG_INFO("job store {}: schema 1 -> 2, {} job token(s) replaced by their hashes", path,
+                rows.size());
+    return Exec(absl::StrCat("PRAGMA user_version=", kSchemaVersion).c_str());
+  }
+
   // Connection settings and schema; run once from Open.
   absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     // sqlite3_busy_timeout is what PRAGMA busy_timeout sets.
@@ -303,6 +333,7 @@ struct JobStore::Impl {
       mu.AssertHeld();  // InTransaction runs the body under the lock
       ASSIGN_OR_RETURN(const int64_t version, QueryInt("PRAGMA user_version"));
       if (version == kSchemaVersion) return absl::OkStatus();
+      if (version == 1) return MigrateTokensToHashes();
       if (version != 0) {
         return absl::FailedPreconditionError(absl::StrCat(path, ": schema version ", version,
                                                           " is not supported (this build reads ",
@@ -319,6 +350,25 @@ JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 JobStore::~JobStore() = default;
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  // Owner-only before SQLite first opens it: the store holds job specs and
+  // logs. SQLite gives its -wal and -shm files the database file's mode.
+  {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return ErrnoStatus("open", path);
+    struct stat st {};
+    const bool loose = fstat(fd, &st) == 0 && (st.st_mode & 077) != 0;
+    if (loose && fchmod(fd, 0600) != 0) {
+      absl::Status status = ErrnoStatus("chmod 0600", path);
+      close(fd);
+      return status;
+    }
+    close(fd);
+    if (loose) {
+      // An older store's journal files kept the old mode.
+      for (const char* suffix : {"-wal", "-shm"}) chmod((path + suffix).c_str(), 0600);
+      SS_LOG_WARN("job store {}: was readable by others; now mode 0600", path);
+    }
+  }
   auto impl = std::make_unique<Impl>(path);
   absl::MutexLock lock(&impl->mu);
   // NOMUTEX: the connection is only used under impl->mu.
@@ -331,7 +381,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
 }
 
-absl::Status JobStore::Insert(const v1::Job& job, const std::string& token) {
+absl::Status JobStore::Insert(const v1::Job& job, const std::string& token_hash) {
   if (job.id().empty()) return absl::InvalidArgumentError("job without id");
   std::string blob;
   if (!job.SerializeToString(&blob)) {
@@ -350,10 +400,21 @@ absl::Status JobStore::Insert(const v1::Job& job, const std::string& token) {
     stmt->Bind(1, job.id());
     stmt->Bind(2, static_cast<int64_t>(job.state()));
     stmt->Bind(3, job.created_unix_ms());
-    stmt->Bind(4, token);
+    stmt->Bind(4, token_hash);
     stmt->BindBlob(5, blob);
     return s.StepDone(*stmt, "insert job");
   });
+}
+
+absl::Status JobStore::SetTokenHash(const std::string& id, const std::string& token_hash) {
+  Impl& s = *impl_;
+  absl::MutexLock lock(&s.mu);
+  ASSIGN_OR_RETURN(auto stmt, s.Prepare("UPDATE jobs SET token = ?2 WHERE id = ?1"));
+  stmt->Bind(1, id);
+  stmt->Bind(2, token_hash);
+  RETURN_IF_ERROR(s.StepDone(*stmt, "set token hash"));
+  if (sqlite3_changes(s.db) == 0) return JobNotFound(id);
+  return absl::OkStatus();
 }
 
 absl::Status JobStore::Update(const v1::Job& job, std::vector<v1::JobEvent>* events) {
@@ -412,7 +473,7 @@ absl::StatusOr<v1::Job> JobStore::Get(const std::string& id) {
   return s.Parse<v1::Job>(stmt->ColumnBytes(0), absl::StrCat("job ", id));
 }
 
-absl::StatusOr<std::string> JobStore::Token(const std::string& id) {
+absl::StatusOr<std::string> JobStore::TokenHash(const std::string& id) {
   Impl& s = *impl_;
   absl::MutexLock lock(&s.mu);
   ASSIGN_OR_RETURN(auto stmt, s.Prepare("SELECT token FROM jobs WHERE id = ?1"));

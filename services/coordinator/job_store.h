@@ -33,7 +33,11 @@ class JobStore final {
   JobStore& operator=(const JobStore&) = delete;
 
   // AlreadyExists "job <id> already exists" when the id is taken.
-  absl::Status Insert(const v1::Job& job, const std::string& token);
+  // `token_hash` is the job token's TokenHash (common/grpc/auth.h): the store
+  // never holds a token someone could present.
+  absl::Status Insert(const v1::Job& job, const std::string& token_hash);
+  // Replaces a job's token hash (a new attempt's token); NotFound when absent.
+  absl::Status SetTokenHash(const std::string& id, const std::string& token_hash);
   // Replaces the stored job (NotFound when absent) and appends `events` in
   // the same transaction; each event's seq (and unix_ms when 0) is assigned
   // in place. An event's empty job_id is filled with job.id(); another job's
@@ -48,7 +52,7 @@ class JobStore final {
 
   // NotFound "job <id> not found".
   absl::StatusOr<v1::Job> Get(const std::string& id);
-  absl::StatusOr<std::string> Token(const std::string& id);
+  absl::StatusOr<std::string> TokenHash(const std::string& id);
   // Newest first (by submission order); limit 0: all.
   absl::StatusOr<std::vector<v1::Job>> List(int limit);
   // QUEUED and RUNNING jobs in submission order (FIFO).

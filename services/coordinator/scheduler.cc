@@ -1,5 +1,7 @@
 #include "services/coordinator/scheduler.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc/auth.h"
 #include "common/jobspec/job_spec.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -22,13 +25,6 @@ namespace {
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
          state == v1::JOB_STATE_STOPPED;
-}
-
-std::string RandomHex(int bytes) {
-  std::random_device device;
-  std::string out;
-  for (int i = 0; i < bytes; ++i) absl::StrAppendFormat(&out, "%02x", device() & 0xff);
-  return out;
 }
 
 // Job ids name directories on the daemons' hosts: keep them to a safe set.
@@ -53,7 +49,7 @@ std::string DefaultJobId(const std::string& name) {
   }
   if (base.empty()) base = "job";
   if (base.size() > 64) base.resize(64);
-  return absl::StrCat(base, "-", RandomHex(4));
+  return absl::StrCat(base, "-", RandomToken(4));
 }
 
 // How long a lost daemon stays listed (ListDaemons, /metrics).
@@ -95,7 +91,12 @@ struct Daemon {
 
 struct ActiveJob {
   v1::Job job;
+  // The job token, in memory only: students present it to teachers. Empty
+  // after a coordinator restart (the store keeps only `token_hash`); ranks
+  // already running still hold it, and a rank that has yet to start gets
+  // a new attempt with a new token.
   std::string token;
+  std::string token_hash;   // TokenHash(token): what teachers check
   int32_t master_port = 0;  // rank 0's rendezvous port, once reported
   std::set<int> reported;   // ranks of this attempt their daemon reported
   // An attempt that is ending: its ranks are stopped; at `decide_at` it
@@ -220,6 +221,17 @@ struct Scheduler::State {
                                                " exited with code ", status.exit_code()));
     Persist(aj, {event});
     if (status.exit_code() != 0) {
+      if (status.exit_code() == 128 + SIGKILL && !aj.ending) {
+        // Killed from outside (the OOM killer, a node agent) while the
+        // attempt was healthy, not a failure of the run: restart from the
+        // checkpoint, like a lost daemon. (A rank its daemon had to kill
+        // while the attempt was ending for another reason changes nothing.)
+        MarkLost(aj,
+                 absl::StrCat("rank ", status.rank(), " on ", daemon.status.id(),
+                              " was killed (SIGKILL; out of memory?)"),
+                 now);
+        return;
+      }
       if (aj.failure.empty()) {
         aj.failure = absl::StrCat("rank ", status.rank(), " exited with code ", status.exit_code(),
                                   status.reason().empty() ? "" : ": ", status.reason());
@@ -372,6 +384,15 @@ struct Scheduler::State {
     }
     job.clear_teachers();
     for (const auto& t : teachers) job.add_teachers(t);
+    if (aj.token.empty()) {
+      // A job recovered after a coordinator restart starts this attempt
+      // with a new token (the store has only the old one's hash).
+      aj.token = RandomToken(16);
+      aj.token_hash = TokenHash(aj.token);
+      if (absl::Status s = options.store->SetTokenHash(job.id(), aj.token_hash); !s.ok()) {
+        SS_LOG_ERROR("job store: {}", std::string(s.message()));
+      }
+    }
     aj.master_port = 0;
     aj.reported.clear();
     aj.ending = false;
@@ -484,7 +505,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(SchedulerOptions op
   absl::MutexLock lock(&state->mu);
   for (v1::Job& job : jobs) {
     ActiveJob aj;
-    ASSIGN_OR_RETURN(aj.token, state->options.store->Token(job.id()));
+    ASSIGN_OR_RETURN(aj.token_hash, state->options.store->TokenHash(job.id()));
     aj.job = std::move(job);
     aj.claim_deadline = now + state->options.lost_after;
     // Exits recorded before the restart: the attempt was ending (or done).
@@ -528,9 +549,10 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const std::string& spec_yaml, const st
   absl::MutexLock lock(&state_->mu);
   job.set_created_unix_ms(absl::ToUnixMillis(state_->Now()));
   ActiveJob aj;
-  aj.token = RandomHex(16);
+  aj.token = RandomToken(16);
+  aj.token_hash = TokenHash(aj.token);
   aj.job = job;
-  RETURN_IF_ERROR(state_->options.store->Insert(job, aj.token));
+  RETURN_IF_ERROR(state_->options.store->Insert(job, aj.token_hash));
   const std::string job_id = job.id();
   ActiveJob& stored = state_->active.emplace(job_id, std::move(aj)).first->second;
   state_->fifo.push_back(job_id);
@@ -669,8 +691,14 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
 
   v1::HeartbeatResponse response;
   if (daemon.status.info().kind() == v1::DAEMON_KIND_TEACHER) {
+    // Only the jobs this teacher serves, and only hashes.
+    const std::string& address = daemon.status.info().address();
     for (const auto& [id, aj] : state_->active) {
-      if (aj.job.state() == v1::JOB_STATE_RUNNING) response.add_job_tokens(aj.token);
+      const auto& teachers = aj.job.teachers();
+      if (aj.job.state() == v1::JOB_STATE_RUNNING &&
+          std::find(teachers.begin(), teachers.end(), address) != teachers.end()) {
+        response.add_job_token_hashes(aj.token_hash);
+      }
     }
     return response;
   }
@@ -682,7 +710,16 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
     if (aj.job.state() == v1::JOB_STATE_RUNNING && !aj.ending && rank < aj.job.ranks_size() &&
         aj.job.ranks(rank).daemon_id() == daemon.status.id() && aj.reported.count(rank) == 0 &&
         (rank == 0 || aj.master_port > 0)) {
-      *response.add_start() = state_->Assignment(aj, rank);
+      if (aj.token.empty()) {
+        // Recovered after a coordinator restart: the token this attempt's
+        // other ranks hold is gone, so this rank cannot join them.
+        state_->MarkLost(job->second,
+                         absl::StrCat("the coordinator restarted before rank ", rank,
+                                      " started, and job tokens are not stored"),
+                         now);
+      } else {
+        *response.add_start() = state_->Assignment(aj, rank);
+      }
     }
   }
   return response;

@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc/auth.h"
 #include "common/grpc/channel_args.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
@@ -197,9 +198,25 @@ void Registration::Poke() {
   impl_->poked = true;
 }
 
+JobTokenSet::JobTokenSet() : timer_([this] { TimerLoop(); }) {}
+
+JobTokenSet::~JobTokenSet() { Close(); }
+
 void JobTokenSet::Replace(const v1::HeartbeatResponse& reply) {
-  absl::MutexLock lock(&mu_);
-  tokens_.assign(reply.job_tokens().begin(), reply.job_tokens().end());
+  std::vector<Waiter> admitted;
+  {
+    absl::MutexLock lock(&mu_);
+    hashes_.assign(reply.job_token_hashes().begin(), reply.job_token_hashes().end());
+    // Waiters whose job is now known are admitted; the others keep waiting
+    // for their deadline (this reply may predate their job).
+    std::vector<Waiter> still;
+    for (Waiter& w : waiting_) {
+      const bool known = std::find(hashes_.begin(), hashes_.end(), w.hash) != hashes_.end();
+      (known ? admitted : still).push_back(std::move(w));
+    }
+    waiting_.swap(still);
+  }
+  for (Waiter& w : admitted) w.done(absl::OkStatus());
 }
 
 void JobTokenSet::SetPoke(std::function<void()> poke) {
@@ -207,16 +224,60 @@ void JobTokenSet::SetPoke(std::function<void()> poke) {
   poke_ = std::move(poke);
 }
 
-absl::Status JobTokenSet::Admit(const std::string& token, absl::Duration wait) {
-  if (token.empty()) return absl::UnauthenticatedError("missing bearer token (a job token)");
-  auto known = [this, &token]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return std::find(tokens_.begin(), tokens_.end(), token) != tokens_.end();
-  };
-  absl::MutexLock lock(&mu_);
-  if (known()) return absl::OkStatus();
-  if (poke_) poke_();
-  if (mu_.AwaitWithTimeout(absl::Condition(&known), wait)) return absl::OkStatus();
-  return absl::UnauthenticatedError("the token belongs to no running job");
+void JobTokenSet::Admit(const std::string& token, absl::Duration wait,
+                        std::function<void(absl::Status)> done) {
+  if (token.empty()) {
+    return done(absl::UnauthenticatedError("missing bearer token (a job token)"));
+  }
+  std::string hash = TokenHash(token);
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return done(absl::UnavailableError("the teacher is shutting down"));
+    if (std::find(hashes_.begin(), hashes_.end(), hash) == hashes_.end()) {
+      waiting_.push_back(Waiter{std::move(hash), absl::Now() + wait, std::move(done)});
+      ++added_;
+      if (poke_) poke_();
+      return;
+    }
+  }
+  done(absl::OkStatus());
+}
+
+void JobTokenSet::Close() {
+  std::vector<Waiter> refused;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    refused.swap(waiting_);
+  }
+  for (Waiter& w : refused) w.done(absl::UnavailableError("the teacher is shutting down"));
+  timer_.join();
+}
+
+void JobTokenSet::TimerLoop() {
+  mu_.Lock();
+  while (!closed_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const Waiter& w : waiting_) next = std::min(next, w.deadline);
+    // Woken by Close, or by a new waiter (its deadline may be the earliest).
+    const uint64_t seen = added_;
+    auto changed = [this, seen]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || added_ != seen; };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+    const absl::Time now = absl::Now();
+    std::vector<Waiter> expired;
+    std::vector<Waiter> still;
+    for (Waiter& w : waiting_) (w.deadline <= now ? expired : still).push_back(std::move(w));
+    waiting_.swap(still);
+    if (expired.empty()) continue;
+    mu_.Unlock();
+    for (Waiter& w : expired) {
+      w.done(absl::UnauthenticatedError("the token belongs to no running job of this teacher"));
+    }
+    mu_.Lock();
+  }
+  mu_.Unlock();
 }
 
 bool Registration::Drain(absl::Duration timeout) {

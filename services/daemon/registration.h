@@ -11,10 +11,11 @@
 #ifndef SPECSTREAM_SERVICES_DAEMON_REGISTRATION_H_
 #define SPECSTREAM_SERVICES_DAEMON_REGISTRATION_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -64,23 +65,49 @@ class Registration final {
   std::unique_ptr<Impl> impl_;
 };
 
-// The job tokens a teacher daemon admits: those of running jobs, replaced
-// with every heartbeat reply. Thread-safe.
+// The job tokens a teacher daemon admits: those of the running jobs it was
+// assigned to, known by their hashes (HeartbeatResponse.job_token_hashes),
+// replaced with every heartbeat reply. Admission never blocks a thread: an
+// unknown token may belong to a job that started after the last reply, so
+// it waits (as a callback, with a deadline) for the next replies.
+// Thread-safe; callbacks run on the caller's thread, the registration
+// thread (Replace) or the set's own timer thread, never under its lock.
 class JobTokenSet final {
  public:
+  JobTokenSet();
+  // Close().
+  ~JobTokenSet();
+  JobTokenSet(const JobTokenSet&) = delete;
+  JobTokenSet& operator=(const JobTokenSet&) = delete;
+
   void Replace(const v1::HeartbeatResponse& reply);
   // What Admit calls to ask for an early heartbeat (e.g. Registration::Poke);
   // cleared with {} before the registration goes away.
   void SetPoke(std::function<void()> poke);
-  // OK when `token` belongs to a running job. An unknown token may belong to
-  // a job that started after the last reply: poke and wait up to `wait` for
-  // a reply that holds it. UNAUTHENTICATED otherwise.
-  absl::Status Admit(const std::string& token, absl::Duration wait);
+  // Calls `done` once: OK when `token` belongs to an assigned running job;
+  // for an unknown token, pokes and waits up to `wait` for a reply that
+  // holds it, then UNAUTHENTICATED. UNAVAILABLE once closed.
+  void Admit(const std::string& token, absl::Duration wait, std::function<void(absl::Status)> done);
+  // Refuses every waiting admission (UNAVAILABLE) and any later one, and
+  // stops the timer thread. Idempotent; call before what the callbacks use
+  // goes away.
+  void Close();
 
  private:
+  struct Waiter {
+    std::string hash;
+    absl::Time deadline;
+    std::function<void(absl::Status)> done;
+  };
+  void TimerLoop();
+
   absl::Mutex mu_;
-  std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> hashes_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiting_ ABSL_GUARDED_BY(mu_);
   std::function<void()> poke_ ABSL_GUARDED_BY(mu_);
+  uint64_t added_ ABSL_GUARDED_BY(mu_) = 0;  // waiters ever added (wakes the timer)
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread timer_;  // started last: it reads the members above
 };
 
 }  // namespace specstream::services

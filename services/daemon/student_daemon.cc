@@ -344,6 +344,13 @@ struct StudentDaemon::Impl {
       RankProcessOptions process;
       process.argv = {options.train_executable, "train", "--config", config};
       if (a.resume()) process.argv.push_back("--resume");
+      for (const auto& [flag, path] : {std::pair{"--teacher-tls-ca", options.teacher_tls.ca},
+                                       std::pair{"--teacher-tls-cert", options.teacher_tls.cert},
+                                       std::pair{"--teacher-tls-key", options.teacher_tls.key}}) {
+        if (path.empty()) continue;
+        process.argv.push_back(flag);
+        process.argv.push_back(path);
+      }
       if (!options.devices.empty()) {
         process.argv.push_back("--device");
         process.argv.push_back(options.devices.front());
@@ -475,13 +482,15 @@ absl::StatusOr<std::unique_ptr<StudentDaemon>> StudentDaemon::Create(StudentDaem
 
   EnableServerDefaults();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(o.listen_host, ":", o.port),
-                           grpc::InsecureServerCredentials(), &impl->port);
+  // Only where --host says (or the address toward the coordinator): the
+  // daemon listens on no other interface.
+  builder.AddListeningPort(ListenAddress(o.host, o.port), grpc::InsecureServerCredentials(),
+                           &impl->port);
   builder.RegisterCallbackGenericService(&impl->unimplemented);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", o.listen_host, ":", o.port, " (gRPC health)"));
+        absl::StrCat("cannot listen on ", ListenAddress(o.host, o.port), " (gRPC health)"));
   }
   impl->address = absl::StrCat(o.host, ":", impl->port);
   if (!o.port_file.empty()) {
@@ -489,6 +498,7 @@ absl::StatusOr<std::unique_ptr<StudentDaemon>> StudentDaemon::Create(StudentDaem
   }
   if (o.metrics_port >= 0) {
     MetricsHttpOptions http;
+    http.host = o.host;
     http.port = o.metrics_port;
     http.registry = &impl->metrics;
     ASSIGN_OR_RETURN(impl->metrics_server, MetricsHttpServer::Start(http));

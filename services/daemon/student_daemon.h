@@ -45,13 +45,16 @@ struct StudentDaemonOptions {
   std::string name;         // default: <hostname>-<pid>
   // Where peers reach this host (DaemonInfo.host, the address its ranks
   // bind, MASTER_ADDR when this host runs rank 0); default: the local
-  // address that routes to the coordinator.
+  // address that routes to the coordinator. The daemon's gRPC and metrics
+  // servers listen on it and nowhere else.
   std::string host;
-  std::string listen_host = "0.0.0.0";  // the gRPC server's bind address
-  int port = 0;                         // gRPC (health); 0: any free port
-  std::string port_file;                // written with the bound port when set
-  int metrics_port = -1;                // Prometheus /metrics; -1: off, 0: any
-  std::string metrics_port_file;        // written with the bound port when set
+  // Handed to each rank (train --teacher-tls-*): how it verifies teachers
+  // that serve TLS, and its certificate when they require one.
+  TlsClientFiles teacher_tls;
+  int port = 0;                   // gRPC (health); 0: any free port
+  std::string port_file;          // written with the bound port when set
+  int metrics_port = -1;          // Prometheus /metrics; -1: off, 0: any
+  std::string metrics_port_file;  // written with the bound port when set
   std::string workdir = "specstream-student-work";
   // Reported in DaemonInfo; its rank trains on the first (train --device),
   // else on training.device.

@@ -523,12 +523,27 @@ class GrpcTeacherStream final : public student::TeacherStream,
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<GrpcTeacherConnector>> GrpcTeacherConnector::Create(
+    GrpcTeacherConnectorOptions options) {
+  auto connector = std::make_shared<GrpcTeacherConnector>();
+  connector->token_ = std::move(options.token);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options.tls);
+  if (!credentials.ok()) {
+    // The flags students give: --teacher-tls-ca, -cert, -key.
+    return absl::InvalidArgumentError(absl::StrCat("teacher ", credentials.status().message()));
+  }
+  connector->credentials_ = *std::move(credentials);
+  return connector;
+}
+
 std::shared_ptr<grpc::Channel> GrpcTeacherConnector::ChannelTo(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<grpc::Channel>& channel = channels_[address];
   if (channel == nullptr) {
-    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                        TeacherChannelArguments());
+    channel = grpc::CreateCustomChannel(
+        address, credentials_ != nullptr ? credentials_ : grpc::InsecureChannelCredentials(),
+        TeacherChannelArguments());
   }
   return channel;
 }
@@ -539,6 +554,7 @@ absl::StatusOr<v1::DescribeResponse> GrpcTeacherConnector::Describe(const std::s
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context.set_wait_for_ready(true);
+  AddBearer(context, token_);
   v1::DescribeRequest request;
   v1::DescribeResponse response;
   const grpc::Status status = stub.Describe(&context, request, &response);

@@ -22,14 +22,28 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc/auth.h"
 #include "grpcpp/channel.h"
 #include "student/teacher_connection.h"
 
 namespace specstream::services {
 
+struct GrpcTeacherConnectorOptions {
+  // Bearer token for Describe (streams carry TeacherStreamOptions.token):
+  // the job token, or a standalone teacher's token. "" sends none.
+  std::string token;
+  // Empty `ca`: plaintext. Otherwise TLS verified against it, presenting
+  // cert/key when given (a teacher with --tls-client-ca requires them).
+  TlsClientFiles tls;
+};
+
 class GrpcTeacherConnector final : public student::TeacherConnector {
  public:
   GrpcTeacherConnector() = default;
+  // The TLS files are read here: a missing or non-PEM file is
+  // InvalidArgument naming its flag.
+  static absl::StatusOr<std::shared_ptr<GrpcTeacherConnector>> Create(
+      GrpcTeacherConnectorOptions options);
 
   absl::StatusOr<v1::DescribeResponse> Describe(const std::string& address,
                                                 absl::Duration timeout) override;
@@ -42,6 +56,8 @@ class GrpcTeacherConnector final : public student::TeacherConnector {
   // One channel per teacher address, shared by its Describe and streams.
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
 
+  std::string token_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // null: plaintext
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };

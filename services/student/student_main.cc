@@ -111,19 +111,34 @@ std::string EnvString(const char* name) {
   return value != nullptr ? value : "";
 }
 
+// How a rank reaches its teachers: the token it presents (a standalone
+// teacher's, or the job token a student daemon sets in
+// $SPECSTREAM_JOB_TOKEN) and TLS.
+struct TeacherAccessFlags {
+  std::string token_file;
+  TlsClientFiles tls;
+};
+
 absl::Status Train(const std::string& config_path, bool resume, const std::string& host,
-                   const std::string& device, int progress) {
+                   const std::string& device, int progress, const TeacherAccessFlags& teachers) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, LoadJobSpec(config_path));
   ASSIGN_OR_RETURN(TrainerConfig config,
                    TrainerConfigFromJobSpec(spec, device, EnvInt("LOCAL_RANK", 0)));
   config.resume = resume;
   config.progress_terminal = progress;
-  config.teacher_connector = std::make_shared<specstream::services::GrpcTeacherConnector>();
-  // Set by a student daemon for a coordinator job: admits its streams at the
-  // teachers.
-  if (const char* token = std::getenv("SPECSTREAM_JOB_TOKEN"); token != nullptr) {
+  // The job token a student daemon sets for a coordinator job admits its
+  // streams at the teachers; --teacher-token-file names a standalone
+  // teacher's token instead.
+  if (!teachers.token_file.empty()) {
+    ASSIGN_OR_RETURN(config.job_token, LoadToken(teachers.token_file));
+  } else if (const char* token = std::getenv("SPECSTREAM_JOB_TOKEN"); token != nullptr) {
     config.job_token = token;
   }
+  services::GrpcTeacherConnectorOptions connector;
+  connector.token = config.job_token;
+  connector.tls = teachers.tls;
+  ASSIGN_OR_RETURN(config.teacher_connector,
+                   services::GrpcTeacherConnector::Create(std::move(connector)));
   const int rank = EnvInt("RANK", 0);
   const int world = EnvInt("WORLD_SIZE", 1);
   SetLogRank(rank);
@@ -229,6 +244,15 @@ int main(int argc, char** argv) {
                         "This rank's own address for its process groups (default: "
                         "$SPECSTREAM_HOST, the address of $GLOO_SOCKET_IFNAME, else the local "
                         "address that routes to MASTER_ADDR)");
+  TeacherAccessFlags teacher_access;
+  train_cmd->add_option("--teacher-token-file", teacher_access.token_file,
+                        "Token a standalone teacher (serve --token-file) requires (default: "
+                        "$SPECSTREAM_JOB_TOKEN, which a student daemon sets)");
+  train_cmd->add_option("--teacher-tls-ca", teacher_access.tls.ca,
+                        "PEM roots to verify teachers that serve TLS");
+  train_cmd->add_option("--teacher-tls-cert", teacher_access.tls.cert,
+                        "Client certificate for teachers that require one (mTLS)");
+  train_cmd->add_option("--teacher-tls-key", teacher_access.tls.key, "Key for --teacher-tls-cert");
   train_cmd->add_option("--device", train_device,
                         "Where this rank trains: cpu, cuda (cuda:LOCAL_RANK) or cuda:N; overrides "
                         "training.device (default auto: cuda:LOCAL_RANK when CUDA is present)");
@@ -282,10 +306,15 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--stop-grace", daemon.stop_grace_seconds,
                         "Seconds between SIGTERM and SIGKILL when a rank is stopped");
   serve_cmd->add_option("--token-file", serve.token_file,
-                        "Coordinator bearer token (default: $SPECSTREAM_TOKEN)");
+                        "This daemon's credential at the coordinator (default: $SPECSTREAM_TOKEN)");
   serve_cmd->add_option("--tls-ca", daemon.tls.ca, "PEM roots to verify the coordinator (TLS)");
   serve_cmd->add_option("--tls-cert", daemon.tls.cert, "Client certificate (mutual TLS)");
   serve_cmd->add_option("--tls-key", daemon.tls.key, "Client key (mutual TLS)");
+  serve_cmd->add_option("--teacher-tls-ca", daemon.teacher_tls.ca,
+                        "Its ranks verify TLS teachers against these PEM roots");
+  serve_cmd->add_option("--teacher-tls-cert", daemon.teacher_tls.cert,
+                        "Its ranks' client certificate for teachers that require one");
+  serve_cmd->add_option("--teacher-tls-key", daemon.teacher_tls.key, "Key for --teacher-tls-cert");
   bool check_config = false;
   serve_cmd->add_flag("--check-config", check_config,
                       "Check the flags (addresses, ports, devices' names; not the machine), "
@@ -314,7 +343,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*serve_cmd) return ExitCode(RunServe(std::move(serve)));
-  if (*train_cmd) return ExitCode(Train(config_path, resume, train_host, train_device, -1));
+  if (*train_cmd) {
+    return ExitCode(Train(config_path, resume, train_host, train_device, -1, teacher_access));
+  }
   if (*export_cmd) return ExitCode(ExportCheckpoint(export_checkpoint, export_out));
   if (*eval_cmd) {
     auto result =

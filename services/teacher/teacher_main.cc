@@ -170,8 +170,12 @@ struct ServeFlags {
   std::string name;        // default: <advertised host>:<port>
   std::string model_name;  // a short name jobs may use as model.target
   std::string advertise;   // host students dial; default --host, or the hostname for 0.0.0.0
+  // Standalone: the token students must present. Under a coordinator: this
+  // daemon's credential there (streams then need a job token).
   std::string token_file;
-  std::string tls_ca;
+  bool insecure_no_auth = false;
+  std::string tls_ca;  // verifies a TLS coordinator
+  TlsServerFiles tls;  // TeacherService's own TLS
   int metrics_port = -1;
   std::string metrics_port_file;
 };
@@ -245,6 +249,7 @@ absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const Se
   if (!serve.coordinator.empty()) {
     RETURN_IF_ERROR(SplitHostPort(serve.coordinator, "--coordinator").status());
   }
+  RETURN_IF_ERROR(CheckTlsServerFlags(serve.tls));
   return absl::StrCat("runtime ", spec.runtime, ", ", spec.devices.size(), " TP rank(s) on ",
                       absl::StrJoin(spec.devices, ","), ", EP ", spec.ep_size, ", ", spec.dtype,
                       ", payloads ", serve.payload_dtype, ", port ", serve.port,
@@ -269,12 +274,30 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
   options.service.nccl_device = nccl_device;
   options.service.nccl_timeout = absl::Seconds(serve.nccl_timeout_s);
+  options.tls = serve.tls;
+  ASSIGN_OR_RETURN(const std::string token, LoadToken(serve.token_file));
   services::JobTokenSet job_tokens;
   std::unique_ptr<services::Registration> registration;
   if (!serve.coordinator.empty()) {
-    options.service.authorize = [&job_tokens](const std::string& token) {
-      return job_tokens.Admit(token, absl::Seconds(3));
+    if (token.empty() && !serve.insecure_no_auth) {
+      return absl::InvalidArgumentError(
+          "--token-file: required with --coordinator (this daemon's credential; or "
+          "--insecure-no-auth for a coordinator without authentication)");
+    }
+    options.service.authorize = [&job_tokens](const std::string& presented,
+                                              std::function<void(absl::Status)> done) {
+      job_tokens.Admit(presented, absl::Seconds(3), std::move(done));
     };
+  } else if (!token.empty()) {
+    options.service.authorize = services::TokenAuthorizer(token);
+  } else if (!serve.insecure_no_auth && !IsLoopbackHost(serve.host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--token-file: required to serve on ", serve.host,
+        " (anyone who reaches the port could stream hidden states); or --insecure-no-auth"));
+  } else {
+    SS_LOG_WARN("serve: NO AUTHENTICATION: any client that reaches {} can stream hidden states{}",
+                serve.host,
+                serve.insecure_no_auth ? " (--insecure-no-auth)" : " (loopback: local processes)");
   }
   ASSIGN_OR_RETURN(auto server, services::TeacherServer::Start(launched->runtime(), options));
   std::cout << "listening on " << server->address() << std::endl;
@@ -303,7 +326,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   if (!serve.coordinator.empty()) {
     services::RegistrationOptions reg;
     reg.coordinator = serve.coordinator;
-    ASSIGN_OR_RETURN(reg.token, LoadToken(serve.token_file));
+    reg.token = token;
     reg.tls.ca = serve.tls_ca;
     std::string host = serve.advertise;
     if (host.empty()) host = serve.host == "0.0.0.0" ? LocalHostname() : serve.host;
@@ -327,6 +350,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
               serve.shutdown_timeout_s);
   job_tokens.SetPoke({});
   registration.reset();
+  job_tokens.Close();      // refuses streams still waiting for a verdict
   metrics_server.reset();  // its collector reads the server
   server->Shutdown(absl::Seconds(serve.shutdown_timeout_s));
   server.reset();
@@ -438,8 +462,15 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--advertise", serve.advertise,
                         "Host students dial (default: --host; the hostname for 0.0.0.0)");
   serve_cmd->add_option("--token-file", serve.token_file,
-                        "Coordinator bearer token (else $SPECSTREAM_TOKEN)");
+                        "Standalone: the bearer token students must present (else "
+                        "$SPECSTREAM_TOKEN). With --coordinator: this daemon's credential there");
+  serve_cmd->add_flag("--insecure-no-auth", serve.insecure_no_auth,
+                      "Serve without authentication on a non-loopback --host (warns)");
   serve_cmd->add_option("--tls-ca", serve.tls_ca, "PEM CA to verify a TLS coordinator");
+  serve_cmd->add_option("--tls-cert", serve.tls.cert, "PEM certificate: TeacherService over TLS");
+  serve_cmd->add_option("--tls-key", serve.tls.key, "PEM private key for --tls-cert");
+  serve_cmd->add_option("--tls-client-ca", serve.tls.client_ca,
+                        "PEM CA bundle: require student certificates signed by it (mTLS)");
   serve_cmd->add_option("--metrics-port", serve.metrics_port,
                         "Prometheus /metrics HTTP port (0: any free one; default off)");
   serve_cmd->add_option("--metrics-port-file", serve.metrics_port_file,

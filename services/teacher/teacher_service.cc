@@ -27,7 +27,11 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
  public:
   StreamReactor(teacher::TeacherCore& core, grpc::CallbackServerContext* context)
       : core_(core), session_(core.NewSession(this, context->peer())) {
-    if (session_->Begin(core.Admit(BearerToken(*context).value_or("")))) StartRead(&in_);
+    // The verdict may come later, on another thread (a job token the
+    // teacher has not heard of yet): the session then starts reading, or
+    // finishes the call. The session outlives this reactor if need be.
+    core.Admit(BearerToken(*context).value_or(""), context->peer(),
+               [session = session_](absl::Status verdict) { session->Begin(verdict); });
   }
 
   // teacher::StreamCall, called under the session's lock.
@@ -44,6 +48,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void Finish(const absl::Status& status) override {
     grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>::Finish(ToGrpcStatus(status));
   }
+  void StartReading() override { StartRead(&in_); }
 
   // gRPC.
   void OnReadDone(bool ok) override {
@@ -87,15 +92,29 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 grpc::ServerUnaryReactor* TeacherService::Describe(grpc::CallbackServerContext* context,
                                                    const v1::DescribeRequest* /*request*/,
                                                    v1::DescribeResponse* response) {
-  *response = core_.description();
+  // Describe names the host, its boot id and the model: only for clients
+  // the teacher would stream to. gRPC keeps `response` alive until Finish.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  core_.Admit(BearerToken(*context).value_or(""), context->peer(),
+              [this, reactor, response](absl::Status verdict) {
+                if (verdict.ok()) *response = core_.description();
+                reactor->Finish(ToGrpcStatus(verdict));
+              });
   return reactor;
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TeacherService::StreamHiddenStates(
     grpc::CallbackServerContext* context) {
   return new StreamReactor(core_, context);
+}
+
+teacher::TeacherServiceOptions::Authorizer TokenAuthorizer(std::string token) {
+  return [token = std::move(token)](const std::string& presented,
+                                    std::function<void(absl::Status)> done) {
+    if (presented.empty()) return done(absl::UnauthenticatedError("missing bearer token"));
+    done(TokenMatches(token, presented) ? absl::OkStatus()
+                                        : absl::UnauthenticatedError("wrong bearer token"));
+  };
 }
 
 // --- The server --------------------------------------------------------------------
@@ -106,6 +125,8 @@ absl::StatusOr<std::unique_ptr<TeacherServer>> TeacherServer::Start(teacher::Tar
     return absl::InvalidArgumentError(absl::StrCat("port: ", options.port, " not in [0, 65535]"));
   }
   if (options.host.empty()) return absl::InvalidArgumentError("host: empty");
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeServerCredentials(options.tls));
   std::unique_ptr<TeacherServer> server(new TeacherServer());
   ASSIGN_OR_RETURN(server->core_, teacher::TeacherCore::Create(runtime, options.service));
   teacher::TeacherCore& core = *server->core_;
@@ -115,7 +136,7 @@ absl::StatusOr<std::unique_ptr<TeacherServer>> TeacherServer::Start(teacher::Tar
   const std::string listen = ListenAddress(options.host, options.port);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, credentials, &port);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<uint64_t>(core.max_request_bytes(), INT_MAX)));

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/grpc/auth.h"
 #include "grpcpp/grpcpp.h"
 #include "specstream/v1/teacher.grpc.pb.h"
 #include "teacher/teacher_core.h"
@@ -52,7 +53,15 @@ struct TeacherServerOptions {
   // when the ping is not answered within keepalive_timeout.
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
+  // TLS (and with client_ca, mutual TLS) for every call; empty cert:
+  // plaintext. Checked as the coordinator's flags are (common/grpc/auth.h).
+  TlsServerFiles tls;
 };
+
+// The authorizer of a standalone teacher (serve --token-file): streams and
+// Describe must present `token` (compared in constant time); decides at
+// once.
+teacher::TeacherServiceOptions::Authorizer TokenAuthorizer(std::string token);
 
 // A started gRPC server: TeacherService, the standard health service
 // (grpc.health.v1.Health; SERVING for "" and "specstream.v1.TeacherService"

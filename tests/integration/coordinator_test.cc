@@ -26,12 +26,14 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/grpc_health.h"
 #include "tests/testing/testing.h"
 
 namespace specstream {
 namespace {
 
-constexpr char kToken[] = "test-token-0123456789";
+constexpr char kToken[] = "test-token-0123456789";          // users'
+constexpr char kDaemonToken[] = "daemon-token-9876543210";  // daemons' (shared)
 
 // GET http://127.0.0.1:port/path; the whole response ("" when unreachable).
 std::string HttpGet(int port, const std::string& path) {
@@ -57,45 +59,16 @@ std::string HttpGet(int port, const std::string& path) {
   return response;
 }
 
-// grpc.health.v1.Health/Check with an empty service name against
-// 127.0.0.1:port; "SERVING", "NOT_SERVING", or the call's error. The request
-// is the empty message; the response's field 1 is the status enum.
 std::string HealthCheck(int port) {
-  auto channel =
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::ByteBuffer request(nullptr, 0);
-  grpc::ByteBuffer response;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = std::move(s);
-                   done = true;
-                   cv.notify_all();
-                 });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
-  if (!status.ok()) return "error: " + status.error_message();
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return "error: unreadable response";
-  std::string bytes;
-  for (const auto& slice : slices)
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  if (bytes == std::string("\x08\x01", 2)) return "SERVING";
-  if (bytes == std::string("\x08\x02", 2)) return "NOT_SERVING";
-  return "unknown";
+  return testing::HealthCheck("127.0.0.1:" + std::to_string(port));
 }
 
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
     testing::WriteFile(dir_.Join("token"), std::string(kToken) + "\n");
+    testing::WriteFile(dir_.Join("daemon-token"), std::string(kDaemonToken) + "\n");
+    testing::WriteFile(dir_.Join("daemon-tokens"), std::string("* ") + kDaemonToken + "\n");
     ASSERT_EQ(RunTool(SPECSTREAM_TEACHER_PATH,
                       "init-random --arch llama --layers 8 --hidden 32 --heads 4 --kv-heads 2 "
                       "--intermediate 64 --vocab 256 --dtype float32 --out " +
@@ -162,7 +135,7 @@ class CoordinatorTest : public ::testing::Test {
     Spawn("coordinator", SPECSTREAM_COORDINATOR_PATH,
           "--host 127.0.0.1 --port " + std::to_string(port) + " --port-file " +
               dir_.Join("coordinator.port") + " --db " + dir_.Join("jobs.db") + " --token-file " +
-              dir_.Join("token") +
+              dir_.Join("token") + " --daemon-token-file " + dir_.Join("daemon-tokens") +
               " --heartbeat-ms 200 --lost-after-s 3 --metrics-port 0 --metrics-port-file " +
               dir_.Join("coordinator.metrics") + " " + extra);
     coordinator_port_ = WaitForPort(dir_.Join("coordinator.port"), "coordinator");
@@ -173,7 +146,8 @@ class CoordinatorTest : public ::testing::Test {
     Spawn("teacher", SPECSTREAM_TEACHER_PATH,
           "serve --model " + dir_.Join("target") +
               " --devices cpu --port 0 --keep-target-ids --port-file " + dir_.Join("teacher.port") +
-              " --coordinator " + address_ + " --token-file " + dir_.Join("token") + " " + extra);
+              " --coordinator " + address_ + " --token-file " + dir_.Join("daemon-token") + " " +
+              extra);
     WaitForPort(dir_.Join("teacher.port"), "teacher");
   }
 
@@ -182,7 +156,7 @@ class CoordinatorTest : public ::testing::Test {
           "serve --coordinator " + address_ + " --name " + name + " --port 0 --port-file " +
               dir_.Join(name + ".port") + " --metrics-port 0 --metrics-port-file " +
               dir_.Join(name + ".metrics") + " --workdir " + dir_.Join("work-" + name) +
-              " --token-file " + dir_.Join("token") + " " + extra);
+              " --token-file " + dir_.Join("daemon-token") + " " + extra);
     WaitForPort(dir_.Join(name + ".port"), name);
   }
 
@@ -295,6 +269,25 @@ TEST_F(CoordinatorTest, AuthErrorsAndExitCodes) {
     const int status = std::system(command.c_str());
     EXPECT_EQ(WEXITSTATUS(status), 3) << CliErr();
   }
+  // Roles (P13 item 7): a daemon credential is not a user's token, and a
+  // user's token cannot register a daemon.
+  {
+    const std::string command = "SPECSTREAM_ADDRESS=" + address_ +
+                                " SPECSTREAM_TOKEN=" + kDaemonToken + " " + SPECSTREAM_CLI_PATH +
+                                " list >/dev/null 2>" + dir_.Join("cli.err");
+    EXPECT_EQ(WEXITSTATUS(std::system(command.c_str())), 3) << CliErr();
+  }
+  Spawn("impostor", SPECSTREAM_STUDENT_PATH,
+        "serve --coordinator " + address_ + " --name impostor --port 0 --workdir " +
+            dir_.Join("work-impostor") + " --token-file " + dir_.Join("token"));
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        return testing::FileExists(dir_.Join("impostor.log")) &&
+               Log("impostor").find("not a daemon credential") != std::string::npos;
+      },
+      absl::Seconds(30)))
+      << Log("impostor");
+  Kill("impostor", SIGTERM);
 
   testing::WriteFile(dir_.Join("bad.yaml"),
                      OnlineJob("bad", 1, 8, 4, "optimizer_typo:\n  lr: 1\n"));
@@ -484,10 +477,23 @@ TEST_F(CoordinatorTest, DaemonsCheckTheirConfigWithoutStarting) {
   EXPECT_NE(testing::ReadFile(out).find("--metrics-port 70000"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("w")));  // nothing started
 
-  const std::string coordinator =
-      "--port 0 --db " + dir_.Join("c.db") + " --token-file " + dir_.Join("token");
+  const std::string coordinator = "--port 0 --db " + dir_.Join("c.db") + " --token-file " +
+                                  dir_.Join("token") + " --daemon-token-file " +
+                                  dir_.Join("daemon-tokens");
   ASSERT_EQ(RunTool(SPECSTREAM_COORDINATOR_PATH, coordinator + " --check-config"), 0)
       << testing::ReadFile(out);
+  // Users and daemons hold different credentials; no auth is said aloud.
+  EXPECT_EQ(
+      RunTool(SPECSTREAM_COORDINATOR_PATH, "--port 0 --db " + dir_.Join("c.db") + " --token-file " +
+                                               dir_.Join("token") + " --check-config"),
+      2);
+  EXPECT_NE(testing::ReadFile(out).find("--daemon-token-file: required"), std::string::npos)
+      << testing::ReadFile(out);
+  EXPECT_EQ(RunTool(SPECSTREAM_COORDINATOR_PATH,
+                    "--port 0 --db " + dir_.Join("c.db") + " --insecure-no-auth --check-config"),
+            0)
+      << testing::ReadFile(out);
+  EXPECT_NE(testing::ReadFile(out).find("auth OFF"), std::string::npos);
   EXPECT_EQ(RunTool(SPECSTREAM_COORDINATOR_PATH,
                     coordinator + " --heartbeat-ms 2000 --lost-after-s 1 --check-config"),
             2);

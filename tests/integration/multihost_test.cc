@@ -26,7 +26,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kToken[] = "multihost-token-0123456789";
+constexpr char kToken[] = "multihost-token-0123456789";          // users'
+constexpr char kDaemonToken[] = "multihost-daemons-9876543210";  // daemons' (shared)
 
 class MultiHostTest : public ::testing::Test {
  protected:
@@ -241,7 +242,8 @@ class MultiHostTest : public ::testing::Test {
     SpawnOn(host, name, SPECSTREAM_TEACHER_PATH,
             "serve --model " + dir_.Join("target") + " --devices cpu --host 0.0.0.0 --port 0 " +
                 "--keep-target-ids --batch-tokens 1 --port-file " + dir_.Join(name + ".port") +
-                (coordinator.empty() ? "" : " --coordinator " + coordinator + " " + Token()));
+                (coordinator.empty() ? " --insecure-no-auth"
+                                     : " --coordinator " + coordinator + " " + DaemonToken()));
     WaitPort(name);
   }
 
@@ -251,9 +253,11 @@ class MultiHostTest : public ::testing::Test {
   std::string StartSystem(int coordinator_host, int teacher_host,
                           const std::vector<int>& student_hosts, const std::string& extra = "") {
     testing::WriteFile(dir_.Join("token"), std::string(kToken) + "\n");
+    testing::WriteFile(dir_.Join("daemon-token"), std::string(kDaemonToken) + "\n");
     SpawnOn(coordinator_host, "coordinator", SPECSTREAM_COORDINATOR_PATH,
             "--port 0 --port-file " + dir_.Join("coordinator.port") + " --db " +
-                dir_.Join("jobs.db") + " " + Token() + " --heartbeat-ms 200 " + extra);
+                dir_.Join("jobs.db") + " " + Token() + " --daemon-token-file " +
+                dir_.Join("daemon-token") + " --heartbeat-ms 200 " + extra);
     const std::string coordinator =
         hosts_->address(coordinator_host) + ":" + std::to_string(WaitPort("coordinator"));
     StartTeacher(teacher_host, "teacher", coordinator);
@@ -262,12 +266,13 @@ class MultiHostTest : public ::testing::Test {
       SpawnOn(student_hosts[s], name, SPECSTREAM_STUDENT_PATH,
               "serve --coordinator " + coordinator + " --name " + name + " --port 0 --port-file " +
                   dir_.Join(name + ".port") + " --workdir " + dir_.Join("work-" + name) + " " +
-                  Token());
+                  DaemonToken());
       WaitPort(name);
     }
     return coordinator;
   }
   std::string Token() { return "--token-file " + dir_.Join("token"); }
+  std::string DaemonToken() { return "--token-file " + dir_.Join("daemon-token"); }
 
   // The CLI on `host`; output in cli.log.
   int Cli(int host, const std::string& coordinator, const std::vector<std::string>& args) {
@@ -755,6 +760,7 @@ TEST_F(MultiHostTest, KubernetesSmokeJobRunsPodByPod) {
   }
   std::filesystem::create_directories(dir_.Join("secret-specstream-token"));
   testing::WriteFile(dir_.Join("secret-specstream-token/token"), std::string(kToken));
+  testing::WriteFile(dir_.Join("secret-specstream-token/daemon-token"), std::string(kDaemonToken));
 
   const std::map<std::string, std::string> binaries = {
       {"specstream-coordinator", SPECSTREAM_COORDINATOR_PATH},

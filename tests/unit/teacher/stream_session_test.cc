@@ -63,6 +63,10 @@ class RecordingCall final : public StreamCall {
     EXPECT_FALSE(finished_.has_value()) << "Finish twice";
     finished_ = status;
   }
+  void StartReading() override {
+    absl::MutexLock lock(&mu_);
+    ++reads_started_;
+  }
 
   // Test controls.
   void RefuseWrites(absl::Status why) {
@@ -96,6 +100,10 @@ class RecordingCall final : public StreamCall {
     absl::MutexLock lock(&mu_);
     return finished_;
   }
+  int reads_started() {
+    absl::MutexLock lock(&mu_);
+    return reads_started_;
+  }
 
  private:
   void Loop() {
@@ -125,6 +133,7 @@ class RecordingCall final : public StreamCall {
   std::optional<absl::Status> finished_ ABSL_GUARDED_BY(mu_);
   absl::Status refuse_writes_ ABSL_GUARDED_BY(mu_);
   bool fail_next_ ABSL_GUARDED_BY(mu_) = false;
+  int reads_started_ ABSL_GUARDED_BY(mu_) = 0;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -371,6 +380,21 @@ TEST_F(StreamSessionTest, ARefusedStreamFinishesAtOnceWithTheRefusal) {
   ASSERT_TRUE(call_->AwaitFinished());
   EXPECT_EQ(call_->finished()->code(), absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(call_->written().empty());
+}
+
+TEST_F(StreamSessionTest, AnAdmittedStreamStartsReadingOnce) {
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  EXPECT_EQ(call_->reads_started(), 1);
+}
+
+// The verdict on a stream's token may come after the student gave up: the
+// session must neither read nor finish a second time.
+TEST_F(StreamSessionTest, AVerdictAfterCancelStartsNothing) {
+  session_->OnCancel();
+  ASSERT_TRUE(call_->AwaitFinished());
+  EXPECT_FALSE(session_->Begin(absl::OkStatus()));
+  EXPECT_EQ(call_->reads_started(), 0);
+  EXPECT_EQ(call_->finished()->code(), absl::StatusCode::kCancelled);
 }
 
 TEST_F(StreamSessionTest, TooManyWaitingRequestsEndTheStream) {

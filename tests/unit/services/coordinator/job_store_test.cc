@@ -1,5 +1,6 @@
 #include "services/coordinator/job_store.h"
 
+#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/grpc/auth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/testing.h"
@@ -92,7 +94,7 @@ TEST_F(JobStoreTest, InsertThenGetReturnsTheJobAndToken) {
   EXPECT_EQ(got->name(), "name-a");
   EXPECT_THAT(got->teachers(), ElementsAre("t0:50051"));
 
-  auto token = store_->Token("a");
+  auto token = store_->TokenHash("a");
   ASSERT_TRUE(token.ok()) << token.status();
   EXPECT_EQ(*token, "secret-a");
 }
@@ -114,7 +116,7 @@ TEST_F(JobStoreTest, DuplicateIdIsAlreadyExistsAndKeepsTheFirst) {
   auto got = store_->Get("dup");
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->name(), "name-dup");
-  EXPECT_EQ(*store_->Token("dup"), "first");
+  EXPECT_EQ(*store_->TokenHash("dup"), "first");
   EXPECT_EQ(store_->List(0)->size(), 1u);
 }
 
@@ -123,7 +125,7 @@ TEST_F(JobStoreTest, UnknownIdIsNotFoundEverywhere) {
   auto got = store_->Get("nope");
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(got.status().message(), "job nope not found");
-  EXPECT_EQ(store_->Token("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->TokenHash("nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->Events("nope", 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->LastSeq("nope").status().code(), absl::StatusCode::kNotFound);
 
@@ -192,7 +194,7 @@ TEST_F(JobStoreTest, UpdateReplacesTheJob) {
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->SerializeAsString(), job.SerializeAsString());
   EXPECT_EQ(got->attempt(), 3);
-  EXPECT_EQ(*store_->Token("j"), "tok") << "Update keeps the token";
+  EXPECT_EQ(*store_->TokenHash("j"), "tok") << "Update keeps the token";
 }
 
 TEST_F(JobStoreTest, SeqsAreGaplessAcrossUpdateAndAppend) {
@@ -299,7 +301,7 @@ TEST_F(JobStoreTest, DataSurvivesCloseAndReopen) {
   ASSERT_NE(reopened, nullptr);
   EXPECT_THAT(Ids(*reopened->List(0)), ElementsAre("new", "old"));
   EXPECT_THAT(Ids(*reopened->ListActive()), ElementsAre("old", "new"));
-  EXPECT_EQ(*reopened->Token("new"), "tok-new");
+  EXPECT_EQ(*reopened->TokenHash("new"), "tok-new");
   EXPECT_EQ(reopened->Get("new")->state(), v1::JOB_STATE_RUNNING);
   EXPECT_THAT(Seqs(*reopened->Events("old", 0)), ElementsAre(1, 2));
 
@@ -337,7 +339,7 @@ TEST_F(JobStoreTest, NewerSchemaVersionIsRefused) {
   // PRAGMA user_version is the big-endian int at offset 60 of the header.
   std::string bytes = ReadFile(path_);
   ASSERT_GE(bytes.size(), 100u);
-  EXPECT_EQ(bytes.substr(60, 4), std::string("\0\0\0\1", 4)) << "schema version 1";
+  EXPECT_EQ(bytes.substr(60, 4), std::string("\0\0\0\2", 4)) << "schema version 2";
   bytes[63] = 99;
   WriteFile(path_, bytes);
 
@@ -401,7 +403,7 @@ TEST(JobStoreOpenTest, MissingDirectoryNamesThePath) {
   auto store = JobStore::Open(path);
   ASSERT_FALSE(store.ok());
   EXPECT_THAT(std::string(store.status().message()), HasSubstr(path)) << store.status();
-  EXPECT_THAT(std::string(store.status().message()), HasSubstr("unable to open"));
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("No such file or directory"));
 }
 
 TEST(JobStoreOpenTest, CorruptFileNamesThePath) {
@@ -432,6 +434,56 @@ TEST(JobStoreOpenTest, UnwritableDirectoryNamesThePath) {
   chmod(locked.c_str(), 0700);  // so TempDir can remove it
   ASSERT_FALSE(store.ok());
   EXPECT_THAT(std::string(store.status().message()), HasSubstr(path)) << store.status();
+}
+
+TEST(JobStoreOpenTest, TheFileIsOwnerOnlyAndALooseOneIsTightened) {
+  TempDir dir;
+  const std::string fresh = dir.Join("fresh.db");
+  ASSERT_TRUE(JobStore::Open(fresh).ok());
+  struct stat st {};
+  ASSERT_EQ(stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  const std::string loose = dir.Join("loose.db");
+  WriteFile(loose, "");  // an empty file is an empty database
+  ASSERT_EQ(chmod(loose.c_str(), 0644), 0);
+  ASSERT_TRUE(JobStore::Open(loose).ok());
+  ASSERT_EQ(stat(loose.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// A store written before tokens were hashed (schema 1) is migrated: the
+// clear token is replaced by its hash, and the job is kept.
+TEST(JobStoreOpenTest, ASchemaOneStoreHasItsTokensHashed) {
+  TempDir dir;
+  const std::string path = dir.Join("v1.db");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    const std::string blob = MakeJob("old").SerializeAsString();
+    const std::string sql =
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY NOT NULL, ord INTEGER NOT NULL UNIQUE, "
+        "state INTEGER NOT NULL, created_unix_ms INTEGER NOT NULL, token TEXT NOT NULL, "
+        "job BLOB NOT NULL);"
+        "CREATE TABLE events (job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE, "
+        "seq INTEGER NOT NULL, unix_ms INTEGER NOT NULL, event BLOB NOT NULL, "
+        "PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"
+        "PRAGMA user_version=1;";
+    ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_stmt* insert = nullptr;
+    ASSERT_EQ(
+        sqlite3_prepare_v2(db, "INSERT INTO jobs VALUES ('old', 1, 1, 1000, 'clear-token', ?1)", -1,
+                           &insert, nullptr),
+        SQLITE_OK);
+    sqlite3_bind_blob(insert, 1, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(insert), SQLITE_DONE);
+    sqlite3_finalize(insert);
+    sqlite3_close(db);
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*(*store)->TokenHash("old"), TokenHash("clear-token"));
+  EXPECT_EQ((*store)->Get("old")->name(), "name-old");
 }
 
 }  // namespace

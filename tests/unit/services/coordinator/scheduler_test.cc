@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grpc/auth.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_env.h"
 #include "tests/testing/testing.h"
@@ -89,6 +90,18 @@ class SchedulerTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
+  // The reasons of the job's state changes so far, one per line.
+  std::string Reasons(const std::string& id) {
+    bool finished = false;
+    auto events = scheduler_->WaitEvents(id, 0, absl::ZeroDuration(), &finished);
+    EXPECT_TRUE(events.ok()) << events.status();
+    std::string out;
+    if (events.ok()) {
+      for (const auto& e : *events) out += e.state().reason() + "\n";
+    }
+    return out;
+  }
+
   // Starts both ranks of a dp=2 job on s1 (rank 0) and s2; returns their
   // assignments.
   std::vector<v1::RankAssignment> StartPair(const std::string& id) {
@@ -152,10 +165,15 @@ TEST_F(SchedulerTest, GangSchedulesInFifoOrderAndMatchesTeachersByModel) {
   EXPECT_EQ(assignments[1].spec().data().teachers(0), "t1:7000");
   EXPECT_FALSE(assignments[1].resume());
   EXPECT_FALSE(assignments[1].job_token().empty());
-  // Teachers learn the running job's token.
+  // The job's teacher learns the hash of its token, never the token; a
+  // teacher the job was not given learns nothing.
   v1::HeartbeatResponse teacher = Beat("t1");
-  ASSERT_EQ(teacher.job_tokens_size(), 1);
-  EXPECT_EQ(teacher.job_tokens(0), assignments[0].job_token());
+  ASSERT_EQ(teacher.job_token_hashes_size(), 1);
+  EXPECT_EQ(teacher.job_token_hashes(0), TokenHash(assignments[0].job_token()));
+  RegisterTeacher("t9", "/models/other");
+  EXPECT_EQ(Beat("t9").job_token_hashes_size(), 0);
+  // The store keeps only the hash.
+  EXPECT_EQ(*store_->TokenHash("first"), TokenHash(assignments[0].job_token()));
 
   Beat("s1", {Exited(assignments[0], 0)});
   EXPECT_EQ(Job("first").state(), v1::JOB_STATE_RUNNING);
@@ -163,7 +181,7 @@ TEST_F(SchedulerTest, GangSchedulesInFifoOrderAndMatchesTeachersByModel) {
   EXPECT_EQ(Job("first").state(), v1::JOB_STATE_SUCCEEDED);
   // The freed daemon takes the next job.
   EXPECT_EQ(Job("second").state(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(Beat("t1").job_tokens_size(), 1);
+  EXPECT_EQ(Beat("t1").job_token_hashes_size(), 1);
 }
 
 TEST_F(SchedulerTest, LostDaemonRestartsFromCheckpointUntilMaxRestarts) {
@@ -227,6 +245,70 @@ TEST_F(SchedulerTest, FailingRankFailsTheJobAfterTheGraceAndStopsTheOthers) {
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job.reason(), "rank 1 exited with code 1: boom");
   EXPECT_EQ(job.attempt(), 0);
+}
+
+// The OOM killer's SIGKILL is not the run's failure: the job restarts from
+// its checkpoint under max_restarts, as for a lost daemon.
+TEST_F(SchedulerTest, ARankKilledBySigkillRestartsTheJob) {
+  auto a = RunningPair();
+  ASSERT_EQ(a.size(), 2u);
+  Beat("s2", {Exited(a[1], 128 + 9)});
+  v1::Job job = Job("job");
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  const std::string reasons = Reasons("job");
+  EXPECT_NE(reasons.find("restart 1 of 3 from the latest checkpoint after: rank 1 on s2 was "
+                         "killed (SIGKILL"),
+            std::string::npos)
+      << reasons;
+}
+
+// A rank its daemon had to kill while the attempt was already failing
+// does not turn the failure into a restart.
+TEST_F(SchedulerTest, ASigkillWhileFailingKeepsTheFailure) {
+  auto a = RunningPair();
+  ASSERT_EQ(a.size(), 2u);
+  Beat("s2", {Exited(a[1], 1)});
+  Beat("s1", {Exited(a[0], 128 + 9)});
+  env_.Advance(absl::Seconds(11));
+  Beat("s1");
+  v1::Job job = Job("job");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.reason(), "rank 1 exited with code 1: boom");
+}
+
+// After a coordinator restart the job token is gone (only its hash is
+// stored): a rank that has yet to start cannot join its attempt, which
+// restarts with a new token.
+TEST_F(SchedulerTest, ARankNotStartedBeforeACoordinatorRestartGetsANewAttempt) {
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1");
+  RegisterStudent("s2");
+  ASSERT_TRUE(scheduler_->Submit(Spec(2), "job").ok());
+  v1::HeartbeatResponse r0 = Beat(Job("job").ranks(0).daemon_id());
+  ASSERT_EQ(r0.start_size(), 1);
+  const std::string old_token = r0.start(0).job_token();
+  Open();
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1", {Running(r0.start(0), 29555)});
+  RegisterStudent("s2");
+  for (int i = 0; i < 3; ++i) {
+    env_.Advance(absl::Seconds(4));
+    Beat("t1");
+    EXPECT_EQ(Beat("s2").start_size(), 0);
+    Beat("s1", {Running(r0.start(0), 29555)});
+  }
+  EXPECT_EQ(Job("job").attempt(), 1);
+  // s1's old rank is told to stop; once it exits the new attempt starts.
+  Beat("s1", {Exited(r0.start(0), 143)});
+  v1::Job job = Job("job");
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  v1::HeartbeatResponse fresh = Beat(job.ranks(0).daemon_id());
+  ASSERT_EQ(fresh.start_size(), 1);
+  EXPECT_FALSE(fresh.start(0).job_token().empty());
+  EXPECT_NE(fresh.start(0).job_token(), old_token);
+  EXPECT_EQ(*store_->TokenHash("job"), TokenHash(fresh.start(0).job_token()));
+  EXPECT_EQ(Beat("t1").job_token_hashes(0), TokenHash(fresh.start(0).job_token()));
 }
 
 TEST_F(SchedulerTest, StopAndEvents) {

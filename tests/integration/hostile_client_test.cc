@@ -1,0 +1,238 @@
+// The teacher against clients that mean it harm (P13): a real TeacherServer
+// on 127.0.0.1 over a weightless target, and clients written against the
+// proto alone that send no token, a wrong one, floods of them, garbage
+// bytes, or plaintext to a TLS port. Each case asserts the clear refusal and
+// that the teacher still answers Describe and the health check within 1 s.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc/auth.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "services/daemon/registration.h"
+#include "services/student/grpc_teacher_connection.h"
+#include "services/teacher/teacher_service.h"
+#include "specstream/v1/coordinator.pb.h"
+#include "specstream/v1/teacher.grpc.pb.h"
+#include "tests/testing/fake_target_runtime.h"
+#include "tests/testing/grpc_health.h"
+#include "tests/testing/testing.h"
+
+namespace specstream {
+namespace {
+
+using services::TeacherServer;
+using services::TeacherServerOptions;
+
+constexpr char kToken[] = "the-teachers-token-0123";
+
+// What a student sees of one call.
+struct CallResult {
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  std::string message;
+  absl::Duration took;
+};
+
+class HostileClientTest : public ::testing::Test {
+ protected:
+  void Start(teacher::TeacherServiceOptions::Authorizer authorize, TlsServerFiles tls = {}) {
+    TeacherServerOptions options;
+    options.service.authorize = std::move(authorize);
+    options.tls = std::move(tls);
+    auto server = TeacherServer::Start(runtime_, std::move(options));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::shared_ptr<grpc::Channel> Channel() {
+    return grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  }
+
+  CallResult Describe(const std::string& token) {
+    v1::TeacherService::Stub stub(Channel());
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    AddBearer(context, token);
+    v1::DescribeRequest request;
+    v1::DescribeResponse response;
+    const absl::Time start = absl::Now();
+    const grpc::Status status = stub.Describe(&context, request, &response);
+    if (status.ok()) EXPECT_GT(response.hidden_size(), 0);
+    return {status.error_code(), status.error_message(), absl::Now() - start};
+  }
+
+  // Opens a stream with `token`, sends Open (inline) and waits for the
+  // first response or the end: OK once Opened arrives, else the status.
+  CallResult OpenStream(const std::string& token) {
+    v1::TeacherService::Stub stub(Channel());
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    AddBearer(context, token);
+    const absl::Time start = absl::Now();
+    auto stream = stub.StreamHiddenStates(&context);
+    v1::StreamRequest open;
+    open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+    stream->Write(open);
+    v1::StreamResponse response;
+    if (stream->Read(&response) && response.has_opened()) {
+      stream->WritesDone();
+      context.TryCancel();
+      stream->Finish().IgnoreError();
+      return {grpc::StatusCode::OK, "", absl::Now() - start};
+    }
+    const grpc::Status status = stream->Finish();
+    return {status.error_code(), status.error_message(), absl::Now() - start};
+  }
+
+  // The teacher answers Describe (with `token`) and the health check, each
+  // within a second.
+  void ExpectResponsive(const std::string& token) {
+    const CallResult describe = Describe(token);
+    EXPECT_EQ(describe.code, grpc::StatusCode::OK) << describe.message;
+    EXPECT_LT(describe.took, absl::Seconds(1));
+    const absl::Time start = absl::Now();
+    EXPECT_EQ(testing::HealthCheck(server_->address(), absl::Seconds(1)), "SERVING");
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  }
+
+  testing::FakeTargetRuntime runtime_;
+  std::unique_ptr<TeacherServer> server_;
+};
+
+// P13 item 1: a standalone teacher with a token refuses streams and
+// Describe without it.
+TEST_F(HostileClientTest, AStandaloneTokenGuardsStreamsAndDescribe) {
+  Start(services::TokenAuthorizer(kToken));
+  for (const std::string token : {"", "wrong-token"}) {
+    const CallResult describe = Describe(token);
+    EXPECT_EQ(describe.code, grpc::StatusCode::UNAUTHENTICATED) << token;
+    const CallResult stream = OpenStream(token);
+    EXPECT_EQ(stream.code, grpc::StatusCode::UNAUTHENTICATED) << token << ": " << stream.message;
+    EXPECT_LT(stream.took, absl::Seconds(1));
+  }
+  EXPECT_EQ(OpenStream(kToken).code, grpc::StatusCode::OK);
+  ExpectResponsive(kToken);
+}
+
+// P13 item 4: 64 streams with tokens of no running job wait for a
+// heartbeat that never names them. They hold no thread: Describe, the
+// health check and a real job's stream are answered at once meanwhile, and
+// past the per-peer limit of waiting calls the refusals are immediate.
+TEST_F(HostileClientTest, ABadTokenFloodStarvesNeitherDescribeNorHealth) {
+  services::JobTokenSet tokens;
+  v1::HeartbeatResponse reply;
+  reply.add_job_token_hashes(TokenHash(kToken));
+  tokens.Replace(reply);
+  Start([&tokens](const std::string& presented, std::function<void(absl::Status)> done) {
+    tokens.Admit(presented, absl::Seconds(3), std::move(done));
+  });
+
+  std::vector<CallResult> flood(64);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 64; ++i) {
+    clients.emplace_back([&, i] { flood[i] = OpenStream(absl::StrCat("forged-", i)); });
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // the flood is in: its waits have begun
+  ExpectResponsive(kToken);
+  EXPECT_EQ(OpenStream(kToken).code, grpc::StatusCode::OK)
+      << "a running job's token is admitted at once, whatever else the peer has pending";
+  for (auto& client : clients) client.join();
+  int unauthenticated = 0;
+  int limited = 0;
+  for (const CallResult& r : flood) {
+    if (r.code == grpc::StatusCode::UNAUTHENTICATED) {
+      ++unauthenticated;
+      EXPECT_NE(r.message.find("no running job"), std::string::npos) << r.message;
+    } else {
+      EXPECT_EQ(r.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << r.message;
+      EXPECT_LT(r.took, absl::Seconds(1)) << "a limited peer is refused at once";
+      ++limited;
+    }
+  }
+  EXPECT_EQ(unauthenticated, 16) << "the per-peer limit of calls being authorized";
+  EXPECT_EQ(limited, 48);
+  tokens.Close();
+}
+
+// P13 item 4: refusals are counted per peer; past 32 in the window the peer
+// is refused before any check, in microseconds, and the teacher stays
+// responsive to others (here the same host, once the window passes).
+TEST_F(HostileClientTest, RepeatedRefusalsAreRateLimitedPerPeer) {
+  Start(services::TokenAuthorizer(kToken));
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(Describe("wrong").code, grpc::StatusCode::UNAUTHENTICATED) << i;
+  }
+  const CallResult limited = Describe(kToken);
+  EXPECT_EQ(limited.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << limited.message;
+  EXPECT_NE(limited.message.find("refused attempts"), std::string::npos) << limited.message;
+  EXPECT_EQ(testing::HealthCheck(server_->address(), absl::Seconds(1)), "SERVING");
+}
+
+// A StreamRequest that does not parse ends that stream INVALID_ARGUMENT;
+// the teacher carries on.
+TEST_F(HostileClientTest, GarbageBytesEndOnlyTheirStream) {
+  Start(services::TokenAuthorizer(kToken));
+  grpc::GenericStub stub(Channel());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  AddBearer(context, kToken);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&context, "/specstream.v1.TeacherService/StreamHiddenStates", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  const std::string garbage = "\xff\xff\xff\xff\x0f not a protobuf";
+  grpc::Slice slice(garbage.data(), garbage.size());
+  grpc::ByteBuffer buffer(&slice, 1);
+  call->Write(buffer, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(3));
+  while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(3)) {
+  }
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  ExpectResponsive(kToken);
+}
+
+// P13 item 2: TeacherService over TLS, and mutual TLS, on both ends.
+TEST_F(HostileClientTest, TlsAndMutualTlsOnBothEnds) {
+  if (!testing::HaveOpenssl()) GTEST_SKIP() << "openssl CLI not found";
+  testing::TempDir dir;
+  ASSERT_EQ(testing::MakeTestCertificates(dir.path()), "");
+  TlsServerFiles tls{dir.Join("server.pem"), dir.Join("server.key"), dir.Join("ca.pem")};
+  Start(services::TokenAuthorizer(kToken), tls);
+
+  auto connect = [&](TlsClientFiles files) {
+    services::GrpcTeacherConnectorOptions options;
+    options.token = kToken;
+    options.tls = std::move(files);
+    auto connector = services::GrpcTeacherConnector::Create(std::move(options));
+    EXPECT_TRUE(connector.ok()) << connector.status();
+    return (*connector)->Describe(server_->address(), absl::Seconds(3));
+  };
+  // A plaintext student, and one that cannot prove who it is, get nothing.
+  EXPECT_FALSE(connect({}).ok());
+  EXPECT_FALSE(connect({dir.Join("ca.pem"), "", ""}).ok());
+  auto described = connect({dir.Join("ca.pem"), dir.Join("client.pem"), dir.Join("client.key")});
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_GT(described->hidden_size(), 0);
+  // The student's TLS flags are checked when it starts, naming the flag.
+  services::GrpcTeacherConnectorOptions bad;
+  bad.tls.ca = dir.Join("missing.pem");
+  auto refused = services::GrpcTeacherConnector::Create(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("tls.ca"), std::string::npos) << refused.status();
+}
+
+}  // namespace
+}  // namespace specstream
