@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 
 namespace specstream {
@@ -229,13 +231,25 @@ std::string MetricsRegistry::Render() {
 
 namespace {
 
-constexpr size_t kMaxRequestHeaderBytes = 8192;
-// A client gets this long to send its request and take the response; the
-// server is single-threaded, so a stalled client delays the next scrape by at
-// most this much.
-constexpr auto kConnectionTimeout = std::chrono::seconds(5);
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxRequestHeadBytes = size_t{16} << 10;
+// Timeouts beyond this are surely a mistake (and keep deadline sums far from
+// overflow).
+constexpr absl::Duration kMaxTimeout = absl::Hours(1);
+// Connections accepted per wake-up before the open ones get their turn, so a
+// burst of connects cannot starve them.
+constexpr int kMaxAcceptsPerWake = 64;
+// Reads per wake-up while discarding what a client sends after its answer,
+// so one client streaming bytes cannot hold the loop.
+constexpr int kMaxDrainReadsPerWake = 16;
+// When accept fails for want of descriptors or memory the listening socket
+// stays readable; it is left out of poll this long rather than spun on.
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
 std::string ErrnoMessage(int err) { return std::strerror(err); }
+
+bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
 
 struct HttpResponse {
   int code;
@@ -245,10 +259,73 @@ struct HttpResponse {
   std::string extra_headers;
 };
 
+std::string Serialize(const HttpResponse& response) {
+  return absl::StrCat("HTTP/1.1 ", response.code, " ", response.reason,
+                      "\r\nContent-Type: ", response.content_type,
+                      "\r\nContent-Length: ", response.body.size(), "\r\nConnection: close\r\n",
+                      response.extra_headers, "\r\n", response.body);
+}
+
+// The offset just past the blank line that ends the request head ("\r\n\r\n",
+// or "\n\n" from bare-LF clients), or npos. Bytes before `from` were searched
+// already; the search backs up over them far enough to find a terminator
+// split across reads.
+size_t HeadEnd(absl::string_view data, size_t from) {
+  from = from < 3 ? 0 : from - 3;
+  size_t end = absl::string_view::npos;
+  if (size_t crlf = data.find("\r\n\r\n", from); crlf != absl::string_view::npos) end = crlf + 4;
+  if (size_t lf = data.find("\n\n", from); lf != absl::string_view::npos) {
+    end = std::min(end, lf + 2);
+  }
+  return end;
+}
+
+// Milliseconds for poll() to wait until `wake_at`, rounded up so the loop
+// never wakes just short of a deadline and spins; -1 for no deadline.
+int PollTimeoutMs(Clock::time_point now, Clock::time_point wake_at) {
+  if (wake_at == Clock::time_point::max()) return -1;
+  if (wake_at <= now) return 0;
+  int64_t ms = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
+  return static_cast<int>(std::min<int64_t>(ms, std::numeric_limits<int>::max()));
+}
+
+// One client connection; it lives on the serving thread only.
+struct Connection {
+  enum class Phase {
+    kReading,   // collecting the request head until read_timeout
+    kWriting,   // sending `data` until write_timeout
+    kDraining,  // answered and half-closed; discarding input until the client closes
+  };
+  int fd = -1;  // -1 once closed; the entry is dropped at the end of the loop turn
+  Phase phase = Phase::kReading;
+  Clock::time_point accepted;
+  Clock::time_point deadline;
+  std::string data;  // the request head so far, then the response
+  size_t sent = 0;   // bytes of the response sent
+};
+
+void CloseConnection(Connection& connection) {
+  close(connection.fd);
+  connection.fd = -1;
+}
+
+// Resets instead of closing gracefully, so the kernel drops the unsent rest
+// of a response at once rather than keep trying to deliver it.
+void AbortConnection(Connection& connection) {
+  linger reset{1, 0};
+  setsockopt(connection.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  CloseConnection(connection);
+}
+
 }  // namespace
 
 struct MetricsHttpServer::Impl {
+  // Set by Start before the serving thread starts, read-only after; the
+  // connections themselves live on the serving thread's stack.
   MetricsRegistry* registry = nullptr;
+  size_t max_connections = 0;
+  Clock::duration read_timeout{};
+  Clock::duration write_timeout{};
   int listen_fd = -1;
   int wake_read = -1;  // readable once the destructor asks the thread to stop
   int wake_write = -1;
@@ -268,68 +345,216 @@ struct MetricsHttpServer::Impl {
     }
   }
 
+  // The event loop: every socket is non-blocking and nothing here waits
+  // except poll(), so each connection advances as far as its own bytes allow
+  // and no client can hold up another. Deadlines are checked on every turn.
   void Serve() {
+    std::vector<Connection> connections;
+    std::vector<pollfd> fds;
+    Clock::time_point accept_paused_until;
     while (true) {
-      pollfd fds[2] = {{listen_fd, POLLIN, 0}, {wake_read, POLLIN, 0}};
-      int n = poll(fds, 2, -1);
-      if (n < 0) {
+      Clock::time_point now = Clock::now();
+      bool accepting = now >= accept_paused_until;
+      Clock::time_point wake_at = accepting ? Clock::time_point::max() : accept_paused_until;
+      fds.clear();
+      fds.push_back({wake_read, POLLIN, 0});
+      fds.push_back({accepting ? listen_fd : -1, POLLIN, 0});  // poll skips a negative fd
+      for (const Connection& connection : connections) {
+        short events = connection.phase == Connection::Phase::kWriting ? POLLOUT : POLLIN;
+        fds.push_back({connection.fd, events, 0});
+        wake_at = std::min(wake_at, connection.deadline);
+      }
+      if (poll(fds.data(), fds.size(), PollTimeoutMs(now, wake_at)) < 0) {
         if (errno == EINTR) continue;
         SS_LOG_ERROR("metrics: poll failed: {}", ErrnoMessage(errno));
-        return;
+        break;
       }
-      if (fds[1].revents != 0) return;
-      if (fds[0].revents == 0) continue;
-      int conn = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (conn < 0) {
-        // ECONNABORTED, EMFILE and the like: drop this one, keep serving.
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          SS_LOG_WARN("metrics: accept failed: {}", ErrnoMessage(errno));
+      if (fds[0].revents != 0) break;
+
+      now = Clock::now();
+      // fds[2 + i] is connections[i]; Accept only appends, after this.
+      size_t polled = connections.size();
+      for (size_t i = 0; i < polled; ++i) {
+        if (fds[2 + i].revents != 0) Advance(connections[i], now);
+      }
+      if (fds[1].revents != 0 && !Accept(connections, now)) {
+        accept_paused_until = now + kAcceptBackoff;
+      }
+      for (Connection& connection : connections) {
+        if (connection.fd >= 0 && now >= connection.deadline) Expire(connection);
+      }
+      connections.erase(std::remove_if(connections.begin(), connections.end(),
+                                       [](const Connection& c) { return c.fd < 0; }),
+                        connections.end());
+    }
+    for (Connection& connection : connections) CloseConnection(connection);
+  }
+
+  // Accepts what is waiting (up to kMaxAcceptsPerWake). False when accept
+  // ran out of descriptors or memory and should pause.
+  bool Accept(std::vector<Connection>& connections, Clock::time_point now) {
+    size_t open = std::count_if(connections.begin(), connections.end(),
+                                [](const Connection& c) { return c.fd >= 0; });
+    for (int i = 0; i < kMaxAcceptsPerWake; ++i) {
+      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        int err = errno;
+        if (WouldBlock(err)) return true;
+        if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+          SS_LOG_WARN("metrics: accept failed, pausing: {}", ErrnoMessage(err));
+          return false;
+        }
+        // EINTR, ECONNABORTED and the like: that one is gone, try the next.
+        if (err != EINTR && err != ECONNABORTED) {
+          SS_LOG_WARN("metrics: accept failed: {}", ErrnoMessage(err));
         }
         continue;
       }
-      HandleConnection(conn);
-      close(conn);
-    }
-  }
-
-  // Waits until `fd` is ready for `events` or the deadline passes; false on
-  // timeout, shutdown, or error.
-  bool WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadline) const {
-    while (true) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd fds[2] = {{fd, events, 0}, {wake_read, POLLIN, 0}};
-      int n = poll(fds, 2, static_cast<int>(left.count()));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return false;
+      if (open >= max_connections) {
+        if (!MakeRoom(connections)) {
+          RefuseBusy(fd);
+          continue;
+        }
+        --open;
       }
-      if (fds[1].revents != 0) return false;
-      if (fds[0].revents != 0) return true;
+      Connection connection;
+      connection.fd = fd;
+      connection.accepted = now;
+      connection.deadline = now + read_timeout;
+      connections.push_back(std::move(connection));
+      ++open;
+    }
+    return true;
+  }
+
+  // At the cap, closes the oldest connection that is not mid-response so a
+  // new client can take its slot: a prober's request arrives with its
+  // connect, so it is the idle, the slow and the answered-but-lingering that
+  // make room. False when every connection is mid-response.
+  static bool MakeRoom(std::vector<Connection>& connections) {
+    Connection* oldest = nullptr;
+    for (Connection& connection : connections) {
+      if (connection.fd < 0 || connection.phase == Connection::Phase::kWriting) continue;
+      if (oldest == nullptr || connection.accepted < oldest->accepted) oldest = &connection;
+    }
+    if (oldest == nullptr) return false;
+    SS_LOG_DEBUG("metrics: connection limit reached, closing the oldest idle connection");
+    CloseConnection(*oldest);
+    return true;
+  }
+
+  // Answers 503 to a client there is no room for, as far as one non-blocking
+  // send gets (a fresh socket's buffer takes it all), and closes.
+  static void RefuseBusy(int fd) {
+    SS_LOG_DEBUG("metrics: connection limit reached, every connection mid-response: 503");
+    std::string response = Serialize(
+        {503, "Service Unavailable", "text/plain; charset=utf-8", "busy\n", "Retry-After: 1\r\n"});
+    send(fd, response.data(), response.size(), MSG_NOSIGNAL);  // best effort
+    shutdown(fd, SHUT_WR);
+    close(fd);
+  }
+
+  void Advance(Connection& connection, Clock::time_point now) {
+    switch (connection.phase) {
+      case Connection::Phase::kReading:
+        ReadHead(connection, now);
+        return;
+      case Connection::Phase::kWriting:
+        Write(connection);
+        return;
+      case Connection::Phase::kDraining:
+        Drain(connection);
+        return;
     }
   }
 
-  void HandleConnection(int conn) {
-    auto deadline = std::chrono::steady_clock::now() + kConnectionTimeout;
-    std::string request;
-    size_t header_end = std::string::npos;
-    while (header_end == std::string::npos) {
-      if (request.size() > kMaxRequestHeaderBytes) {
-        Send(conn, {431, "Request Header Fields Too Large", "text/plain", "too large\n", ""},
-             deadline);
+  void ReadHead(Connection& connection, Clock::time_point now) {
+    char buffer[4096];
+    while (true) {
+      ssize_t n = recv(connection.fd, buffer, sizeof(buffer), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && WouldBlock(errno)) return;
+      if (n <= 0) {  // closed or failed before a whole head arrived
+        CloseConnection(connection);
         return;
       }
-      if (!WaitFor(conn, POLLIN, deadline)) return;
-      char buffer[2048];
-      ssize_t n = recv(conn, buffer, sizeof(buffer), 0);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-      if (n <= 0) return;  // closed before a whole request arrived
-      request.append(buffer, static_cast<size_t>(n));
-      header_end = request.find("\r\n\r\n");
-      if (header_end == std::string::npos) header_end = request.find("\n\n");
+      size_t searched = connection.data.size();
+      connection.data.append(buffer, static_cast<size_t>(n));
+      size_t head_end = HeadEnd(connection.data, searched);
+      if (head_end != absl::string_view::npos && head_end <= kMaxRequestHeadBytes) {
+        StartResponse(connection, Respond(connection.data), now);
+        return;
+      }
+      // Over the bound, ended or not (a head that has not ended by now
+      // cannot end within it).
+      if (head_end != absl::string_view::npos || connection.data.size() >= kMaxRequestHeadBytes) {
+        StartResponse(connection,
+                      {431, "Request Header Fields Too Large", "text/plain; charset=utf-8",
+                       "request head too large\n", ""},
+                      now);
+        return;
+      }
     }
-    Send(conn, Respond(request), deadline);
+  }
+
+  void StartResponse(Connection& connection, const HttpResponse& response, Clock::time_point now) {
+    connection.phase = Connection::Phase::kWriting;
+    connection.deadline = now + write_timeout;
+    connection.data = Serialize(response);
+    connection.sent = 0;
+    Write(connection);
+  }
+
+  void Write(Connection& connection) {
+    while (connection.sent < connection.data.size()) {
+      ssize_t n = send(connection.fd, connection.data.data() + connection.sent,
+                       connection.data.size() - connection.sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        connection.sent += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && WouldBlock(errno)) {
+        return;
+      } else {
+        CloseConnection(connection);  // the client went away
+        return;
+      }
+    }
+    // Half-close so the client sees EOF after the body, then read until it
+    // closes: closing with unread input would reset the connection, and a
+    // reset can destroy the response before the client reads it (a 431 sent
+    // while the client is still sending, say).
+    shutdown(connection.fd, SHUT_WR);
+    connection.phase = Connection::Phase::kDraining;
+    std::string().swap(connection.data);
+    Drain(connection);
+  }
+
+  static void Drain(Connection& connection) {
+    char buffer[4096];
+    for (int i = 0; i < kMaxDrainReadsPerWake; ++i) {
+      ssize_t n = recv(connection.fd, buffer, sizeof(buffer), 0);
+      if (n > 0 || (n < 0 && errno == EINTR)) continue;
+      if (n < 0 && WouldBlock(errno)) return;
+      CloseConnection(connection);  // the client closed (or failed): done
+      return;
+    }
+  }
+
+  static void Expire(Connection& connection) {
+    switch (connection.phase) {
+      case Connection::Phase::kReading:
+        SS_LOG_DEBUG("metrics: closing a connection that sent no whole request in time");
+        CloseConnection(connection);
+        return;
+      case Connection::Phase::kWriting:
+        SS_LOG_DEBUG("metrics: resetting a connection that did not take its response in time");
+        AbortConnection(connection);
+        return;
+      case Connection::Phase::kDraining:
+        CloseConnection(connection);
+        return;
+    }
   }
 
   HttpResponse Respond(absl::string_view request) const {
@@ -351,28 +576,6 @@ struct MetricsHttpServer::Impl {
     if (path == "/healthz") return {200, "OK", "text/plain; charset=utf-8", "ok", ""};
     return {404, "Not Found", "text/plain; charset=utf-8", "not found\n", ""};
   }
-
-  void Send(int conn, const HttpResponse& response,
-            std::chrono::steady_clock::time_point deadline) const {
-    std::string data = absl::StrCat(
-        "HTTP/1.1 ", response.code, " ", response.reason,
-        "\r\nContent-Type: ", response.content_type, "\r\nContent-Length: ", response.body.size(),
-        "\r\nConnection: close\r\n", response.extra_headers, "\r\n", response.body);
-    size_t sent = 0;
-    while (sent < data.size()) {
-      ssize_t n = send(conn, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) {
-        sent += static_cast<size_t>(n);
-      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        if (!WaitFor(conn, POLLOUT, deadline)) return;
-      } else {
-        return;
-      }
-    }
-    // Half-close so the client sees EOF after the body even if it sent
-    // bytes we did not read (closing with unread data would reset instead).
-    shutdown(conn, SHUT_WR);
-  }
 };
 
 MetricsHttpServer::MetricsHttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -389,6 +592,18 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics server: port ", options.port, " out of range"));
+  }
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics server: max_connections ", options.max_connections, " must be >= 1"));
+  }
+  for (auto [name, timeout] : {std::pair{"read_timeout", options.read_timeout},
+                               std::pair{"write_timeout", options.write_timeout}}) {
+    if (timeout <= absl::ZeroDuration() || timeout > kMaxTimeout) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics server: ", name, " ", absl::FormatDuration(timeout),
+                       " must be positive and at most ", absl::FormatDuration(kMaxTimeout)));
+    }
   }
   std::string where = absl::StrCat(options.host, ":", options.port);
 
@@ -408,6 +623,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 
   auto impl = std::make_unique<Impl>();
   impl->registry = options.registry;
+  impl->max_connections = static_cast<size_t>(options.max_connections);
+  impl->read_timeout = absl::ToChronoNanoseconds(options.read_timeout);
+  impl->write_timeout = absl::ToChronoNanoseconds(options.write_timeout);
   std::string error = "no address";
   for (addrinfo* ai = addresses; ai != nullptr; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
@@ -417,7 +635,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+    // A deep backlog: the loop accepts as fast as clients connect, so the
+    // queue only absorbs bursts that arrive while the thread is descheduled
+    // (a full queue drops SYNs, costing a client a 1 s retransmit).
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
       error = ErrnoMessage(errno);
       close(fd);
       continue;

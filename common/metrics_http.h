@@ -9,8 +9,9 @@
 //   options.registry = &registry;   // port 0: any free port
 //   auto server = MetricsHttpServer::Start(options);
 //
-// Thread-safe. Collectors run on the serving thread at each scrape, outside
-// the registry's lock, so they may call Set/Add.
+// MetricsRegistry is thread-safe. Collectors run on the server's serving
+// thread at each scrape, outside the registry's lock, so they may call
+// Set/Add. The server's threading contract is on MetricsHttpServer.
 #ifndef SPECSTREAM_COMMON_METRICS_HTTP_H_
 #define SPECSTREAM_COMMON_METRICS_HTTP_H_
 
@@ -22,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace specstream {
 
@@ -67,16 +69,42 @@ struct MetricsHttpOptions {
   std::string host = "0.0.0.0";
   int port = 0;                         // 0: any free port (see port())
   MetricsRegistry* registry = nullptr;  // required; must outlive the server
+  // Connections open at once, >= 1. A connection beyond it displaces the
+  // oldest open one that is not mid-response (still sending its request, or
+  // answered and lingering); only when every open connection is mid-response
+  // is the newcomer answered 503 and closed. Nothing waits in line behind an
+  // idle client.
+  int max_connections = 64;
+  // Time from accept to the end of the request head, counted once: a client
+  // dripping a byte at a time is closed when it runs out, however recently
+  // it sent. Positive, at most an hour.
+  absl::Duration read_timeout = absl::Seconds(5);
+  // Time from the end of the request head to the whole response sent, then
+  // to the client's close (the server half-closes first and discards what
+  // the client still sends). A response not sent by then is reset. Positive,
+  // at most an hour.
+  absl::Duration write_timeout = absl::Seconds(5);
 };
 
+// An HTTP/1.1 server for GET /metrics and GET /healthz. Each connection
+// carries one request (Connection: close) whose head may be at most 16 KiB
+// (431 beyond that).
+//
+// Threading: one serving thread owns the listening socket and every
+// connection, all non-blocking, and multiplexes them with poll(): connections
+// are served concurrently, so an idle or slow client delays no other one.
+// Rendering runs on that thread too, so a slow collector delays every
+// connection while it runs. Start, port() and the destructor may be called
+// from any thread.
 class MetricsHttpServer final {
  public:
-  // Binds and starts the serving thread. A missing registry or a port out of
-  // range is InvalidArgument; bind failures are Unavailable naming host:port.
-  // Each connection carries one request (Connection: close) and gets 5 s to
-  // send it; connections are served one at a time.
+  // Binds and starts the serving thread. A missing registry, a port out of
+  // range or a bad limit is InvalidArgument; bind failures are Unavailable
+  // naming host:port.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(MetricsHttpOptions options);
-  ~MetricsHttpServer();  // stops and joins
+  // Wakes the serving thread, which closes every connection (answered or
+  // not) and exits, and joins it; does not wait for clients.
+  ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 

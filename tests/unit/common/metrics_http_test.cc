@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace specstream {
@@ -140,20 +143,19 @@ TEST(MetricsRegistryTest, CollectorsRunBeforeEachRender) {
 
 // --- MetricsHttpServer -----------------------------------------------------
 
-struct HttpReply {
-  std::string head;  // status line and headers, without the blank line
-  std::string body;
-  int status = 0;
-};
-
-// Sends `request` raw to 127.0.0.1:port and reads until the server closes.
-HttpReply RawRequest(int port, const std::string& request) {
-  HttpReply reply;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  if (fd < 0) return reply;
+// A TCP connection to 127.0.0.1:port whose connect, send and recv each give
+// up after 5 s; -1 (and a test failure) when it cannot connect. A nonzero
+// `receive_buffer_bytes` shrinks the receive window (set before connecting).
+int Connect(int port, int receive_buffer_bytes = 0) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0) << std::strerror(errno);
+  if (fd < 0) return -1;
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));  // also bounds connect()
+  if (receive_buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer_bytes, sizeof(receive_buffer_bytes));
+  }
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
@@ -161,29 +163,103 @@ HttpReply RawRequest(int port, const std::string& request) {
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     ADD_FAILURE() << "connect failed: " << std::strerror(errno);
     close(fd);
-    return reply;
+    return -1;
   }
-  EXPECT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(request.size()));
+  return fd;
+}
+
+// Reads until the peer closes or the read times out. *error is 0 after a clean
+// close (FIN), else the errno that ended it (EAGAIN: timed out, still open).
+std::string ReadUntilClosed(int fd, int* error) {
   std::string data;
   char buffer[4096];
   ssize_t n;
   while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) data.append(buffer, n);
-  EXPECT_EQ(n, 0) << "read error or timeout: " << std::strerror(errno);
-  close(fd);
-  size_t split = data.find("\r\n\r\n");
-  if (split == std::string::npos) {
-    ADD_FAILURE() << "no header end in: " << data;
-    return reply;
+  *error = n == 0 ? 0 : errno;
+  return data;
+}
+
+// Closes every socket it holds when the test ends, however it ends.
+class HeldSockets final {
+ public:
+  HeldSockets() = default;
+  HeldSockets(const HeldSockets&) = delete;
+  HeldSockets& operator=(const HeldSockets&) = delete;
+  ~HeldSockets() {
+    for (int fd : fds_) close(fd);
   }
+  int Add(int fd) {
+    if (fd >= 0) fds_.push_back(fd);
+    return fd;
+  }
+  size_t size() const { return fds_.size(); }
+
+ private:
+  std::vector<int> fds_;
+};
+
+struct HttpReply {
+  std::string head;  // status line and headers, without the blank line
+  std::string body;
+  int status = 0;
+};
+
+HttpReply ParseReply(const std::string& data) {
+  HttpReply reply;
+  size_t split = data.find("\r\n\r\n");
+  if (split == std::string::npos) return reply;
   reply.head = data.substr(0, split);
   reply.body = data.substr(split + 4);
-  if (reply.head.rfind("HTTP/1.1 ", 0) == 0) reply.status = std::stoi(reply.head.substr(9, 3));
+  if (absl::StartsWith(reply.head, "HTTP/1.1 ")) reply.status = std::stoi(reply.head.substr(9, 3));
+  return reply;
+}
+
+// Sends `request` raw to 127.0.0.1:port and reads until the server closes,
+// which it must do cleanly within 5 s.
+HttpReply RawRequest(int port, const std::string& request) {
+  int fd = Connect(port);
+  if (fd < 0) return {};
+  EXPECT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  int error = 0;
+  std::string data = ReadUntilClosed(fd, &error);
+  EXPECT_EQ(error, 0) << "read error or timeout: " << std::strerror(error);
+  close(fd);
+  HttpReply reply = ParseReply(data);
+  if (reply.status == 0) ADD_FAILURE() << "no HTTP reply in: " << data;
   return reply;
 }
 
 std::string Get(const std::string& path) {
   return "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+}
+
+// The status of GET `path`, or 0 when no reply came back. Unlike RawRequest
+// it tolerates a reset after the reply: a client refused with 503 may be
+// reset, having sent a request the server never read.
+int StatusOf(int port, const std::string& path) {
+  int fd = Connect(port);
+  if (fd < 0) return 0;
+  std::string request = Get(path);
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  int error = 0;
+  HttpReply reply = ParseReply(ReadUntilClosed(fd, &error));
+  close(fd);
+  return reply.status;
+}
+
+// GET `path` with a header padded so the whole request head is `head_bytes`.
+std::string GetWithHeadOf(const std::string& path, size_t head_bytes) {
+  std::string head = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nX-Pad: ";
+  const std::string end = "\r\n\r\n";
+  head.append(head_bytes - head.size() - end.size(), 'a');
+  return head + end;
+}
+
+using Clock = std::chrono::steady_clock;
+
+long long MillisSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
 }
 
 class MetricsHttpServerTest : public ::testing::Test {
@@ -258,23 +334,215 @@ TEST_F(MetricsHttpServerTest, HealthzNotFoundAndBadRequests) {
   EXPECT_EQ(RawRequest(server_->port(), Get("/healthz")).body, "ok");
 }
 
-TEST_F(MetricsHttpServerTest, DestructorReturnsPromptlyWithAnIdleClientConnected) {
-  // A client that connects and never sends anything holds the (single)
-  // serving thread inside its read timeout; shutdown must not wait it out.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(server_->port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let it be accepted
+TEST_F(MetricsHttpServerTest, HealthzAnswersWhileIdleAndSlowClientsHoldConnections) {
+  // The reproduction: six clients connect and send nothing, a seventh
+  // has sent half a request line. None of them may delay a probe.
+  HeldSockets held;
+  for (int i = 0; i < 6; ++i) held.Add(Connect(server_->port()));
+  int slow = held.Add(Connect(server_->port()));
+  ASSERT_EQ(held.size(), 7u);
+  ASSERT_EQ(send(slow, "GET /heal", 9, MSG_NOSIGNAL), 9);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them be accepted
 
-  auto start = std::chrono::steady_clock::now();
+  Clock::time_point start = Clock::now();
+  HttpReply health = RawRequest(server_->port(), Get("/healthz"));
+  long long elapsed_ms = MillisSince(start);
+  EXPECT_EQ(health.status, 200) << health.head;
+  EXPECT_EQ(health.body, "ok");
+  EXPECT_LT(elapsed_ms, 1000) << "healthz took " << elapsed_ms << " ms";
+  // A scrape is not held up either.
+  EXPECT_EQ(RawRequest(server_->port(), Get("/metrics")).status, 200);
+}
+
+TEST_F(MetricsHttpServerTest, HealthzAnswersWithMoreIdleConnectionsThanTheCap) {
+  // More silent clients than the server keeps open (64 by default): the
+  // newest connection must still be answered, not queued behind them.
+  // (A server that stops accepting leaves connects hanging: stop at the first.)
+  HeldSockets held;
+  for (int i = 0; i < 100; ++i) ASSERT_GE(held.Add(Connect(server_->port())), 0) << i;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  Clock::time_point start = Clock::now();
+  HttpReply health = RawRequest(server_->port(), Get("/healthz"));
+  long long elapsed_ms = MillisSince(start);
+  EXPECT_EQ(health.status, 200) << health.head;
+  EXPECT_EQ(health.body, "ok");
+  EXPECT_LT(elapsed_ms, 1000) << "healthz took " << elapsed_ms << " ms";
+}
+
+TEST_F(MetricsHttpServerTest, AcceptsHeadsUpTo16KiBAndRefusesLargerOnes) {
+  constexpr size_t kHeadLimit = size_t{16} << 10;
+  HttpReply near_limit = RawRequest(server_->port(), GetWithHeadOf("/healthz", kHeadLimit));
+  EXPECT_EQ(near_limit.status, 200) << near_limit.head;
+  EXPECT_EQ(near_limit.body, "ok");
+
+  // One byte over: refused, and the connection closed (RawRequest reads to
+  // a clean close).
+  HttpReply over = RawRequest(server_->port(), GetWithHeadOf("/healthz", kHeadLimit + 1));
+  EXPECT_EQ(over.status, 431) << over.head;
+  HttpReply far_over = RawRequest(server_->port(), GetWithHeadOf("/healthz", 4 * kHeadLimit));
+  EXPECT_EQ(far_over.status, 431) << far_over.head;
+  // A head that never ends is refused once it passes the bound, not read forever.
+  int endless = Connect(server_->port());
+  ASSERT_GE(endless, 0);
+  std::string no_end = "GET /healthz HTTP/1.1\r\nX-Pad: " + std::string(kHeadLimit + 4096, 'a');
+  EXPECT_EQ(send(endless, no_end.data(), no_end.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(no_end.size()));
+  ASSERT_EQ(shutdown(endless, SHUT_WR), 0);
+  int error = 0;
+  HttpReply endless_reply = ParseReply(ReadUntilClosed(endless, &error));
+  close(endless);
+  EXPECT_EQ(endless_reply.status, 431) << endless_reply.head;
+  EXPECT_EQ(error, 0) << std::strerror(error);
+
+  EXPECT_EQ(RawRequest(server_->port(), Get("/healthz")).body, "ok");
+}
+
+TEST_F(MetricsHttpServerTest, DestructorReturnsPromptlyWithIdleClientsConnected) {
+  // Clients that connect and never finish a request must not hold up
+  // shutdown: not one, not many, not one mid-response.
+  HeldSockets held;
+  for (int i = 0; i < 20; ++i) held.Add(Connect(server_->port()));
+  int slow = held.Add(Connect(server_->port()));
+  ASSERT_EQ(held.size(), 21u);
+  ASSERT_EQ(send(slow, "GET /metr", 9, MSG_NOSIGNAL), 9);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them be accepted
+
+  Clock::time_point start = Clock::now();
   server_.reset();
-  auto elapsed = std::chrono::steady_clock::now() - start;
-  EXPECT_LT(elapsed, std::chrono::seconds(1));
-  close(fd);
+  long long elapsed_ms = MillisSince(start);
+  EXPECT_LT(elapsed_ms, 1000) << "shutdown took " << elapsed_ms << " ms";
+}
+
+// A server on 127.0.0.1, port 0, with the limits in `options`; nullptr (and
+// a test failure) when it does not start.
+std::unique_ptr<MetricsHttpServer> StartOnLoopback(MetricsRegistry* registry,
+                                                   MetricsHttpOptions options) {
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.registry = registry;
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server = MetricsHttpServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+TEST(MetricsHttpServerLimitsTest, ClosesIdleAndSlowDripClientsAfterTheReadTimeout) {
+  MetricsRegistry registry;
+  MetricsHttpOptions options;
+  options.read_timeout = absl::Milliseconds(300);
+  std::unique_ptr<MetricsHttpServer> server = StartOnLoopback(&registry, options);
+  ASSERT_NE(server, nullptr);
+
+  Clock::time_point start = Clock::now();
+  HeldSockets held;
+  int idle = held.Add(Connect(server->port()));
+  int drip = held.Add(Connect(server->port()));
+  ASSERT_EQ(held.size(), 2u);
+  // The drip client sends a request line, then a header byte every 50 ms:
+  // never quiet, never done. A timeout counted from its last byte would keep
+  // it forever; the server must close it once 300 ms from accept are up.
+  const std::string line = "GET /healthz HTTP/1.1\r\nX-Pad: ";
+  ASSERT_EQ(send(drip, line.data(), line.size(), MSG_NOSIGNAL), static_cast<ssize_t>(line.size()));
+  bool drip_closed = false;
+  while (!drip_closed && MillisSince(start) < 5000) {
+    pollfd readable{drip, POLLIN, 0};
+    if (poll(&readable, 1, 50) > 0) {
+      char byte;
+      ssize_t n = recv(drip, &byte, 1, 0);
+      ASSERT_LE(n, 0) << "the server answered a request that never ended";
+      drip_closed = true;  // EOF, or a reset answering a byte sent after the close
+    } else {
+      drip_closed = send(drip, "a", 1, MSG_NOSIGNAL) != 1;
+    }
+  }
+  long long drip_ms = MillisSince(start);
+  EXPECT_TRUE(drip_closed) << "still open after " << drip_ms << " ms of dripping";
+  EXPECT_GE(drip_ms, 300) << "closed before its read timeout";
+  EXPECT_LT(drip_ms, 3000);
+
+  // The silent client was closed too: a clean EOF, not our 5 s read timeout.
+  int error = 0;
+  EXPECT_EQ(ReadUntilClosed(idle, &error), "");
+  EXPECT_EQ(error, 0) << std::strerror(error);
+  EXPECT_LT(MillisSince(start), 3000);
+
+  EXPECT_EQ(RawRequest(server->port(), Get("/healthz")).body, "ok");
+}
+
+TEST(MetricsHttpServerLimitsTest, AtTheCapTheOldestIdleConnectionsMakeRoom) {
+  MetricsRegistry registry;
+  MetricsHttpOptions options;
+  options.max_connections = 4;
+  std::unique_ptr<MetricsHttpServer> server = StartOnLoopback(&registry, options);
+  ASSERT_NE(server, nullptr);
+
+  HeldSockets held;
+  std::vector<int> idle;
+  for (int i = 0; i < 10; ++i) {
+    idle.push_back(held.Add(Connect(server->port())));
+    ASSERT_GE(idle.back(), 0) << i;
+  }
+  Clock::time_point start = Clock::now();
+  HttpReply health = RawRequest(server->port(), Get("/healthz"));
+  EXPECT_EQ(health.status, 200) << health.head;
+  EXPECT_LT(MillisSince(start), 1000);
+
+  // The first idle client was closed to make room (EOF at once, without
+  // waiting for the 5 s read timeout); the newest is still open.
+  pollfd first{idle.front(), POLLIN, 0};
+  ASSERT_EQ(poll(&first, 1, 1000), 1);
+  char byte;
+  EXPECT_EQ(recv(idle.front(), &byte, 1, 0), 0);
+  pollfd newest{idle.back(), POLLIN, 0};
+  EXPECT_EQ(poll(&newest, 1, 0), 0) << "the newest idle connection was closed";
+}
+
+TEST(MetricsHttpServerLimitsTest, AnswersBusyWhenAllAreMidResponseAndResetsAStalledReader) {
+  MetricsRegistry registry;
+  // A 16 MiB response: far more than loopback socket buffers hold, so a
+  // client that does not read keeps the server mid-response.
+  const std::string wide(1 << 20, 'x');
+  for (int i = 0; i < 16; ++i) {
+    registry.SetGauge("wide", "Wide", {{"i", std::to_string(i)}, {"pad", wide}}, i);
+  }
+  MetricsHttpOptions options;
+  options.max_connections = 1;
+  options.write_timeout = absl::Milliseconds(500);
+  std::unique_ptr<MetricsHttpServer> server = StartOnLoopback(&registry, options);
+  ASSERT_NE(server, nullptr);
+
+  HeldSockets held;
+  int stalled = held.Add(Connect(server->port(), /*receive_buffer_bytes=*/4096));
+  ASSERT_GE(stalled, 0);
+  std::string request = Get("/metrics");
+  ASSERT_EQ(send(stalled, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  pollfd response_started{stalled, POLLIN, 0};
+  ASSERT_EQ(poll(&response_started, 1, 5000), 1);
+
+  // The one slot holds a response in flight: a newcomer is told so at once.
+  Clock::time_point start = Clock::now();
+  int newcomer = held.Add(Connect(server->port()));
+  ASSERT_GE(newcomer, 0);
+  int error = 0;
+  HttpReply busy = ParseReply(ReadUntilClosed(newcomer, &error));
+  EXPECT_EQ(busy.status, 503) << busy.head;
+  EXPECT_EQ(error, 0) << std::strerror(error);
+  EXPECT_LT(MillisSince(start), 1000);
+
+  // Past the write timeout the stalled response is given up, which frees
+  // the slot.
+  int status = 0;
+  while (status != 200 && MillisSince(start) < 5000) {
+    status = StatusOf(server->port(), "/healthz");
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(status, 200) << "the stalled response still holds the only slot";
+  // The stalled client gets what was buffered, then the reset: a cut-off
+  // response, not a hang.
+  std::string got = ReadUntilClosed(stalled, &error);
+  EXPECT_EQ(error, ECONNRESET) << std::strerror(error);
+  EXPECT_LT(got.size(), size_t{16} << 20);
 }
 
 TEST(MetricsHttpServerStartTest, RejectsBadOptionsAndBusyPorts) {
@@ -298,6 +566,25 @@ TEST(MetricsHttpServerStartTest, RejectsBadOptionsAndBusyPorts) {
 
   options.port = 70000;
   EXPECT_EQ(MetricsHttpServer::Start(options).status().code(), absl::StatusCode::kInvalidArgument);
+
+  options.port = 0;
+  MetricsHttpOptions no_connections = options;
+  no_connections.max_connections = 0;
+  EXPECT_EQ(MetricsHttpServer::Start(no_connections).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (absl::Duration bad :
+       {absl::ZeroDuration(), absl::Seconds(-1), absl::Hours(2), absl::InfiniteDuration()}) {
+    MetricsHttpOptions bad_read = options;
+    bad_read.read_timeout = bad;
+    absl::Status read_status = MetricsHttpServer::Start(bad_read).status();
+    EXPECT_EQ(read_status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(read_status.message().find("read_timeout"), std::string::npos) << read_status;
+    MetricsHttpOptions bad_write = options;
+    bad_write.write_timeout = bad;
+    absl::Status write_status = MetricsHttpServer::Start(bad_write).status();
+    EXPECT_EQ(write_status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(write_status.message().find("write_timeout"), std::string::npos) << write_status;
+  }
 }
 
 }  // namespace
