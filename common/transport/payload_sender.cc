@@ -57,7 +57,9 @@ class InlineSender final : public PayloadSender {
 
 // Shared memory: each chunk copied into one ring record; the stream carries
 // the record's position. The wait for ring space is the only blocking wait;
-// it gives up when the stream ends (Cancelled) or after space_timeout.
+// it gives up when the stream ends (Cancelled) or after space_timeout. A
+// ring that another local process truncates fails the Send with DataLoss
+// (every ring access is guarded against SIGBUS), which ends the stream.
 class ShmSender final : public PayloadSender {
  public:
   ShmSender(std::unique_ptr<ShmRing> ring, uint64_t chunk_bytes, absl::Duration space_timeout)
@@ -69,19 +71,22 @@ class ShmSender final : public PayloadSender {
 
   absl::Status Send(uint64_t request_id, const PayloadBytes& payload,
                     PayloadStream& stream) override {
-    return ForEachChunk(payload.size(), chunk_bytes_,
-                        [&](uint64_t offset, uint64_t n) -> absl::Status {
-                          ASSIGN_OR_RETURN(ShmRing::Reservation record, Reserve(n, stream));
-                          payload.CopyTo(offset, n, record.data.data());
-                          RETURN_IF_ERROR(ring_->Commit());
-                          v1::StreamResponse response;
-                          v1::StreamResponse::PayloadChunk* chunk = response.mutable_chunk();
-                          chunk->set_request_id(request_id);
-                          chunk->set_offset(offset);
-                          chunk->mutable_shm()->set_position(record.position);
-                          chunk->mutable_shm()->set_length(n);
-                          return stream.Emit(StreamMessage::Proto(std::move(response)));
-                        });
+    return ForEachChunk(
+        payload.size(), chunk_bytes_, [&](uint64_t offset, uint64_t n) -> absl::Status {
+          ASSIGN_OR_RETURN(ShmRing::Reservation record, Reserve(n, stream));
+          // CopyTo only copies bytes, as Fill requires. A ring truncated under
+          // us ends this stream with DataLoss, not the teacher with SIGBUS.
+          RETURN_IF_ERROR(
+              ring_->Fill([&](absl::Span<char> dest) { payload.CopyTo(offset, n, dest.data()); }));
+          RETURN_IF_ERROR(ring_->Commit());
+          v1::StreamResponse response;
+          v1::StreamResponse::PayloadChunk* chunk = response.mutable_chunk();
+          chunk->set_request_id(request_id);
+          chunk->set_offset(offset);
+          chunk->mutable_shm()->set_position(record.position);
+          chunk->mutable_shm()->set_length(n);
+          return stream.Emit(StreamMessage::Proto(std::move(response)));
+        });
   }
 
  private:

@@ -11,11 +11,14 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file.h"
+#include "common/sigbus_guard.h"
+#include "common/status.h"
 
 namespace specstream {
 
@@ -154,15 +157,19 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Create(const ShmRingOptions& o
   close(fd);
   // A fresh segment is zero-filled; construct the header in place and
   // publish it with the magic last, so an attacher never sees half a header.
-  auto* h = new ((*ring)->base_) Header();
-  h->version = kVersion;
-  h->header_bytes = static_cast<uint32_t>(kHeaderBytes);
-  h->capacity = options.capacity;
-  h->head.store(0, std::memory_order_relaxed);
-  h->tail.store(0, std::memory_order_relaxed);
-  h->release_seq.store(0, std::memory_order_relaxed);
-  h->producer_waiting.store(0, std::memory_order_relaxed);
-  h->magic.store(kMagic, std::memory_order_release);
+  // (The name is public from shm_open on: someone may already have shrunk it.)
+  ShmRing& r = **ring;
+  RETURN_IF_ERROR(r.Guarded([&r, capacity = options.capacity] {
+    auto* h = new (r.base_) Header();
+    h->version = kVersion;
+    h->header_bytes = static_cast<uint32_t>(kHeaderBytes);
+    h->capacity = capacity;
+    h->head.store(0, std::memory_order_relaxed);
+    h->tail.store(0, std::memory_order_relaxed);
+    h->release_seq.store(0, std::memory_order_relaxed);
+    h->producer_waiting.store(0, std::memory_order_relaxed);
+    h->magic.store(kMagic, std::memory_order_release);
+  }));
   return ring;
 }
 
@@ -191,37 +198,82 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Attach(const std::string& name
   auto ring = Map(name, fd, /*owner=*/false, bytes, bytes - kHeaderBytes, populate);
   close(fd);
   if (!ring.ok()) return ring.status();
+  // The segment may shrink between the fstat and these loads.
   const Header* h = (*ring)->header();
-  const uint64_t magic = h->magic.load(std::memory_order_acquire);
+  uint64_t magic = 0, capacity = 0, head = 0, tail = 0;
+  uint32_t version = 0, header_bytes = 0;
+  RETURN_IF_ERROR((*ring)->Guarded([&] {
+    magic = h->magic.load(std::memory_order_acquire);
+    version = h->version;
+    header_bytes = h->header_bytes;
+    capacity = h->capacity;
+    head = h->head.load(std::memory_order_acquire);
+    tail = h->tail.load(std::memory_order_acquire);
+  }));
   if (magic != kMagic) {
     return absl::DataLossError(absl::StrFormat(
         "shm ring %s: bad magic 0x%016x (expected 0x%016x): not a ring or not initialized", name,
         magic, kMagic));
   }
-  if (h->version != kVersion || h->header_bytes != kHeaderBytes) {
+  if (version != kVersion || header_bytes != kHeaderBytes) {
     return absl::DataLossError(
         absl::StrFormat("shm ring %s: layout version %d / header %d bytes, expected %d / %d", name,
-                        h->version, h->header_bytes, kVersion, kHeaderBytes));
+                        version, header_bytes, kVersion, kHeaderBytes));
   }
-  if (h->capacity != bytes - kHeaderBytes || !ValidateCapacity(h->capacity).ok()) {
+  if (capacity != bytes - kHeaderBytes || !ValidateCapacity(capacity).ok()) {
     return absl::DataLossError(
         absl::StrFormat("shm ring %s: header capacity %d does not match the segment size %d", name,
-                        h->capacity, bytes));
+                        capacity, bytes));
   }
-  const uint64_t head = h->head.load(std::memory_order_acquire);
-  const uint64_t tail = h->tail.load(std::memory_order_acquire);
-  if (tail > head || head - tail > h->capacity) {
+  if (tail > head || head - tail > capacity) {
     return absl::DataLossError(
         absl::StrFormat("shm ring %s: corrupt positions head %d tail %d (capacity %d)", name, head,
-                        tail, h->capacity));
+                        tail, capacity));
   }
   return ring;
 }
 
-uint64_t ShmRing::committed() const { return header()->head.load(std::memory_order_acquire); }
-uint64_t ShmRing::released() const { return header()->tail.load(std::memory_order_acquire); }
+absl::Status ShmRing::CheckNotLost() const {
+  if (!lost_.load(std::memory_order_acquire)) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "shm ring %s: the segment was truncated under this mapping by another process (an earlier "
+      "access faulted); the ring is lost",
+      name_));
+}
+
+absl::Status ShmRing::Guarded(absl::FunctionRef<void()> access) const {
+  RETURN_IF_ERROR(CheckNotLost());
+  const std::optional<SigbusFault> fault = RunCatchingSigbus(access);
+  if (!fault.has_value()) return absl::OkStatus();
+  const auto base = reinterpret_cast<uintptr_t>(base_);
+  if (fault->address < base || fault->address - base >= mapped_bytes_) {
+    // Not this ring's pages: a source or destination mapping of the caller's.
+    return absl::DataLossError(absl::StrFormat(
+        "shm ring %s: SIGBUS at address 0x%x, outside the ring's mapping, while copying a record "
+        "(a truncated mapped file?)",
+        name_, fault->address));
+  }
+  lost_.store(true, std::memory_order_release);
+  return absl::DataLossError(absl::StrFormat(
+      "shm ring %s: the segment was truncated under this mapping by another process (SIGBUS at "
+      "byte %d of %d); the ring is lost",
+      name_, fault->address - base, mapped_bytes_));
+}
+
+absl::StatusOr<uint64_t> ShmRing::committed() const {
+  uint64_t head = 0;
+  RETURN_IF_ERROR(Guarded([&] { head = header()->head.load(std::memory_order_acquire); }));
+  return head;
+}
+
+absl::StatusOr<uint64_t> ShmRing::released() const {
+  uint64_t tail = 0;
+  RETURN_IF_ERROR(Guarded([&] { tail = header()->tail.load(std::memory_order_acquire); }));
+  return tail;
+}
 
 absl::StatusOr<ShmRing::Reservation> ShmRing::Reserve(uint64_t n, absl::Duration timeout) {
+  RETURN_IF_ERROR(CheckNotLost());
   if (reserved_) {
     return absl::FailedPreconditionError(
         absl::StrCat("shm ring ", name_, ": Reserve while a reservation is open"));
@@ -232,55 +284,92 @@ absl::StatusOr<ShmRing::Reservation> ShmRing::Reserve(uint64_t n, absl::Duration
   }
   Header* h = header();
   // Only this producer writes head, so its own last store is current.
-  const uint64_t head = h->head.load(std::memory_order_relaxed);
+  uint64_t head = 0, tail = 0;
+  RETURN_IF_ERROR(Guarded([&] {
+    head = h->head.load(std::memory_order_relaxed);
+    tail = h->tail.load(std::memory_order_acquire);
+  }));
   const uint64_t index = head & (capacity_ - 1);
   const uint64_t start = index + n > capacity_ ? head + (capacity_ - index) : head;
   const uint64_t end = start + n;
-  auto fits = [&](std::memory_order order) { return end - h->tail.load(order) <= capacity_; };
+  auto fits = [&] { return end - tail <= capacity_; };
 
-  if (!fits(std::memory_order_acquire)) {
+  if (!fits()) {
     const absl::Time deadline = absl::Now() + timeout;
+    // Each access to the header is guarded; the futex syscall needs no
+    // guard (on a truncated page it fails with EFAULT, and the next
+    // guarded load reports the loss).
+    auto stop_waiting = [&] {
+      return Guarded([h] { h->producer_waiting.store(0, std::memory_order_relaxed); });
+    };
     while (true) {
       // Dekker-style handshake with Release (all seq_cst): either we see the
       // consumer's new tail, or it sees producer_waiting and wakes us; the
       // sequence number read before the check makes a wake that lands
       // between the check and the sleep return at once.
-      h->producer_waiting.store(1, std::memory_order_seq_cst);
-      const uint32_t seq = h->release_seq.load(std::memory_order_seq_cst);
-      if (fits(std::memory_order_seq_cst)) break;
+      uint32_t seq = 0;
+      RETURN_IF_ERROR(Guarded([&] {
+        h->producer_waiting.store(1, std::memory_order_seq_cst);
+        seq = h->release_seq.load(std::memory_order_seq_cst);
+        tail = h->tail.load(std::memory_order_seq_cst);
+      }));
+      if (fits()) break;
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) {
-        h->producer_waiting.store(0, std::memory_order_relaxed);
+        RETURN_IF_ERROR(stop_waiting());
         return absl::DeadlineExceededError(absl::StrFormat(
             "shm ring %s: no room for %d bytes within %s (head %d, tail %d, capacity %d)", name_, n,
-            absl::FormatDuration(timeout), head, h->tail.load(std::memory_order_relaxed),
-            capacity_));
+            absl::FormatDuration(timeout), head, tail, capacity_));
       }
       FutexWait(&h->release_seq, seq, left);
     }
-    h->producer_waiting.store(0, std::memory_order_relaxed);
+    RETURN_IF_ERROR(stop_waiting());
   }
   reserved_ = true;
   reserved_end_ = end;
-  return Reservation{start, absl::Span<char>(data() + (start & (capacity_ - 1)), n)};
+  reserved_data_ = absl::Span<char>(data() + (start & (capacity_ - 1)), n);
+  return Reservation{start, reserved_data_};
+}
+
+absl::Status ShmRing::Fill(absl::FunctionRef<void(absl::Span<char> record)> copy) {
+  RETURN_IF_ERROR(CheckNotLost());
+  if (!reserved_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm ring ", name_, ": Fill without a reservation"));
+  }
+  return Guarded([&] { copy(reserved_data_); });
 }
 
 absl::Status ShmRing::Commit() {
+  RETURN_IF_ERROR(CheckNotLost());
   if (!reserved_) {
     return absl::FailedPreconditionError(
         absl::StrCat("shm ring ", name_, ": Commit without a reservation"));
   }
   // Release: the record's bytes (and the skipped padding) become visible
   // with the new head.
-  header()->head.store(reserved_end_, std::memory_order_release);
+  RETURN_IF_ERROR(Guarded([&] { header()->head.store(reserved_end_, std::memory_order_release); }));
   reserved_ = false;
   return absl::OkStatus();
 }
 
 absl::StatusOr<absl::Span<const char>> ShmRing::Read(uint64_t position, uint64_t n) const {
+  ASSIGN_OR_RETURN(const char* record, Locate(position, n));
+  return absl::Span<const char>(record, n);
+}
+
+absl::Status ShmRing::CopyOut(uint64_t position, absl::Span<char> dest) const {
+  ASSIGN_OR_RETURN(const char* record, Locate(position, dest.size()));
+  return Guarded([&] { std::memcpy(dest.data(), record, dest.size()); });
+}
+
+absl::StatusOr<const char*> ShmRing::Locate(uint64_t position, uint64_t n) const {
   const Header* h = header();
-  const uint64_t tail = h->tail.load(std::memory_order_relaxed);  // consumer-owned
-  const uint64_t head = h->head.load(std::memory_order_acquire);  // pairs with Commit
+  uint64_t tail = 0, head = 0;
+  RETURN_IF_ERROR(Guarded([&] {
+    tail = h->tail.load(std::memory_order_relaxed);  // consumer-owned
+    head = h->head.load(std::memory_order_acquire);  // pairs with Commit
+  }));
   if (position < tail || position > head || n > head - position) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "shm ring %s: record [%d, %d) is not committed and unreleased (tail %d, head %d)", name_,
@@ -292,22 +381,29 @@ absl::StatusOr<absl::Span<const char>> ShmRing::Read(uint64_t position, uint64_t
         absl::StrFormat("shm ring %s: record [%d, %d) would wrap the data area (capacity %d)",
                         name_, position, position + n, capacity_));
   }
-  return absl::Span<const char>(data() + index, n);
+  return data() + index;
 }
 
 absl::Status ShmRing::Release(uint64_t end) {
   Header* h = header();
-  const uint64_t tail = h->tail.load(std::memory_order_relaxed);
-  const uint64_t head = h->head.load(std::memory_order_acquire);
+  uint64_t tail = 0, head = 0;
+  RETURN_IF_ERROR(Guarded([&] {
+    tail = h->tail.load(std::memory_order_relaxed);
+    head = h->head.load(std::memory_order_acquire);
+  }));
   if (end < tail || end > head) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "shm ring %s: Release(%d) outside [tail %d, head %d]", name_, end, tail, head));
   }
   // Release semantics (implied by seq_cst): our reads of the released bytes
   // happen before the producer overwrites them.
-  h->tail.store(end, std::memory_order_seq_cst);
-  h->release_seq.fetch_add(1, std::memory_order_seq_cst);
-  if (h->producer_waiting.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&h->release_seq);
+  bool wake = false;
+  RETURN_IF_ERROR(Guarded([&] {
+    h->tail.store(end, std::memory_order_seq_cst);
+    h->release_seq.fetch_add(1, std::memory_order_seq_cst);
+    wake = h->producer_waiting.load(std::memory_order_seq_cst) != 0;
+  }));
+  if (wake) FutexWakeAll(&h->release_seq);
   return absl::OkStatus();
 }
 

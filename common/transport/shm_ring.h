@@ -24,18 +24,30 @@
 // Commit() returned.
 //
 // Thread-safety: one producer and one consumer, each in any process or
-// thread, may use a ring concurrently. Producer methods (Reserve, Commit)
-// must not be called concurrently with each other, nor consumer methods
-// (Read, Release) with each other. Waiting uses a process-shared futex, so a
-// blocked producer wakes as soon as the consumer releases bytes.
+// thread, may use a ring concurrently. Producer methods (Reserve, Fill,
+// Commit) must not be called concurrently with each other, nor consumer
+// methods (Read, CopyOut, Release) with each other. Waiting uses a
+// process-shared futex, so a blocked producer wakes as soon as the consumer
+// releases bytes.
+//
+// Truncation: any local process allowed to open the name can shrink the
+// segment under both mappings, and touching a page past its new end raises
+// SIGBUS. Every access this class makes to the mapping (header positions,
+// Fill, CopyOut) runs under common/sigbus_guard.h: a fault there returns
+// DataLoss ("... was truncated ...") instead of killing the process, and the
+// ring is lost for good: every later call on this object returns DataLoss.
+// Only bytes a caller touches through a Reservation's or Read's span itself
+// are unguarded.
 #ifndef SPECSTREAM_COMMON_TRANSPORT_SHM_RING_H_
 #define SPECSTREAM_COMMON_TRANSPORT_SHM_RING_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -66,13 +78,15 @@ class ShmRing final {
   // Creates the segment (the caller becomes its owner: the destructor
   // unlinks it). InvalidArgument for a bad name or capacity; AlreadyExists
   // when a segment of that name exists; ResourceExhausted when /dev/shm has
-  // no room; Internal for other system errors.
+  // no room; DataLoss when someone shrinks it before its header is written;
+  // Internal for other system errors.
   static absl::StatusOr<std::unique_ptr<ShmRing>> Create(const ShmRingOptions& options);
 
   // Attaches to a segment another process (or object) created; the capacity
   // comes from its header. NotFound when no segment has that name; DataLoss
   // when it is too small for its header, has the wrong magic or version, or a
-  // capacity that disagrees with its size or the ring invariants.
+  // capacity that disagrees with its size or the ring invariants, or when it
+  // shrinks while its header is read.
   static absl::StatusOr<std::unique_ptr<ShmRing>> Attach(const std::string& name,
                                                          bool populate = true);
 
@@ -83,7 +97,8 @@ class ShmRing final {
   ShmRing& operator=(const ShmRing&) = delete;
 
   // A record being written: `position` is what the consumer gets to Read and
-  // Release; `data` the writable bytes.
+  // Release; `data` the writable bytes (writing them directly is unguarded:
+  // Fill is the copy that survives a truncated segment).
   struct Reservation {
     uint64_t position = 0;
     absl::Span<char> data;
@@ -95,6 +110,15 @@ class ShmRing final {
   // FailedPrecondition while a reservation is open (Commit it first).
   absl::StatusOr<Reservation> Reserve(uint64_t n, absl::Duration timeout);
 
+  // Producer: runs copy(record) on the open reservation's bytes, catching a
+  // truncated segment: DataLoss naming the ring (the ring is then lost; a
+  // fault in memory outside the ring, such as a truncated source, is
+  // DataLoss too but leaves the ring usable). `copy` may be abandoned at any
+  // instruction that faults, so it must only copy bytes: no locks, no
+  // allocation, no objects with destructors (see common/sigbus_guard.h).
+  // FailedPrecondition when no reservation is open.
+  absl::Status Fill(absl::FunctionRef<void(absl::Span<char> record)> copy);
+
   // Producer: publishes the open reservation (release semantics: a consumer
   // that sees the new head sees the record's bytes). FailedPrecondition when
   // no reservation is open.
@@ -103,7 +127,14 @@ class ShmRing final {
   // Consumer: the committed record [position, position + n). InvalidArgument
   // (naming the positions) when it is not entirely committed and unreleased,
   // or when it would wrap the data area (no record does).
+  // The span points into the mapping: copying out of it is unguarded (see
+  // CopyOut).
   absl::StatusOr<absl::Span<const char>> Read(uint64_t position, uint64_t n) const;
+
+  // Consumer: copies the committed record [position, position + dest.size())
+  // into `dest`, as Read checks it, catching a truncated segment (DataLoss;
+  // the ring is then lost).
+  absl::Status CopyOut(uint64_t position, absl::Span<char> dest) const;
 
   // Consumer: frees every byte before `end` (normally a record's position +
   // size, records released in commit order). InvalidArgument when `end` is
@@ -122,9 +153,10 @@ class ShmRing final {
   const std::string& name() const { return name_; }
   uint64_t capacity() const { return capacity_; }
   bool owner() const { return owner_; }
-  // Current positions (acquire loads; stale as soon as they return).
-  uint64_t committed() const;
-  uint64_t released() const;
+  // Current positions (acquire loads; stale as soon as they return), or
+  // DataLoss once the segment was truncated.
+  absl::StatusOr<uint64_t> committed() const;
+  absl::StatusOr<uint64_t> released() const;
 
  private:
   struct Header;
@@ -136,15 +168,29 @@ class ShmRing final {
   Header* header() const { return static_cast<Header*>(base_); }
   char* data() const { return static_cast<char*>(base_) + kHeaderBytes; }
 
+  // Runs `access`, which touches the mapping and nothing that needs
+  // unwinding, under the SIGBUS guard: DataLoss when the ring is (or, by a
+  // fault in it, becomes) lost.
+  absl::Status Guarded(absl::FunctionRef<void()> access) const;
+  // DataLoss once a fault in the mapping showed the segment truncated.
+  absl::Status CheckNotLost() const;
+  // Where record [position, position + n) lies (consumer side), checked as
+  // Read documents.
+  absl::StatusOr<const char*> Locate(uint64_t position, uint64_t n) const;
+
   std::string name_;
   bool owner_;
   bool linked_ = true;  // owner: the name not yet unlinked
   void* base_;
   uint64_t mapped_bytes_;
   uint64_t capacity_;
-  // Producer-local: the open reservation's end position, or 0 when none.
+  // Producer-local: the open reservation's end position and bytes.
   bool reserved_ = false;
   uint64_t reserved_end_ = 0;
+  absl::Span<char> reserved_data_;
+  // Set by the first fault inside the mapping (by the producer or the
+  // consumer thread); never cleared.
+  mutable std::atomic<bool> lost_{false};
 };
 
 }  // namespace specstream

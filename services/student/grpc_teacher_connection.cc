@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <thread>
@@ -376,10 +375,11 @@ class GrpcTeacherStream final : public student::TeacherStream,
     }
     char* dest = it->second.payload.data() + chunk.offset();
     if (shm != nullptr) {
-      // Copy the record out of the ring, then free it for the teacher.
-      absl::StatusOr<absl::Span<const char>> record = ring_->Read(shm->position(), size);
-      if (!record.ok()) return Break(record.status());
-      std::memcpy(dest, record->data(), size);
+      // Copy the record out of the ring (DataLoss, not SIGBUS, when someone
+      // truncated it), then free it for the teacher.
+      if (absl::Status s = ring_->CopyOut(shm->position(), absl::Span<char>(dest, size)); !s.ok()) {
+        return Break(s);
+      }
       if (absl::Status s = ring_->Release(shm->position() + size); !s.ok()) return Break(s);
     } else {
       chunk.CopyTo(dest);

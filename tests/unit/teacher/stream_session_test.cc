@@ -4,6 +4,8 @@
 // condition, with a deadline that only a broken session reaches.
 #include "teacher/stream_session.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <deque>
@@ -514,6 +516,48 @@ TEST_F(StreamSessionTest, ShmPayloadsGoThroughTheRingAsLocators) {
   ExpectAuxOf(d, 1, Ids(1));
   ExpectAuxOf(d, 2, Ids(2));
   for (const StreamMessage& m : call_->written()) EXPECT_FALSE(m.is_chunk);
+}
+
+// P13 item 6: another local process truncating the student's ring after the
+// Open used to kill the teacher with SIGBUS at the first payload. Now that
+// stream ends with DATA_LOSS naming the ring, and the teacher (this process)
+// serves its next stream as before.
+TEST_F(StreamSessionTest, ShmRingTruncatedAfterOpenEndsTheStreamWithDataLoss) {
+  ShmRingOptions ring_options;
+  ring_options.name = absl::StrCat("/specstream-session-test-truncated-", getpid());
+  ring_options.capacity = 1 << 20;
+  auto ring = ShmRing::Create(ring_options);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  Open(v1::TRANSPORT_SHM, ring->get());
+  ASSERT_TRUE(call_->Await([](const auto& w, const auto&) { return !w.empty(); }));  // Opened
+  const int fd = shm_open(ring_options.name.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  close(fd);
+  Credit(1);
+  Request(1, 1);
+  ASSERT_TRUE(call_->AwaitFinished());
+  EXPECT_EQ(call_->finished()->code(), absl::StatusCode::kDataLoss) << *call_->finished();
+  EXPECT_NE(call_->finished()->message().find(ring_options.name), std::string::npos);
+  EXPECT_NE(call_->finished()->message().find("truncated"), std::string::npos);
+
+  int64_t sent = 0;
+  EXPECT_EQ(session_->OnDone(&sent).code(), absl::StatusCode::kDataLoss);
+  call_->Stop();
+
+  // The next stream, on the same batcher and runtime.
+  Configure();
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  Open();
+  Credit(1);
+  Request(2, 2);
+  ASSERT_TRUE(call_->Await([](const auto& w, const auto&) {
+    const Decoded d = Decode(w);
+    return d.payloads.count(2) == 1 &&
+           d.payloads.at(2).size() == d.headers.at(2).contract().payload_bytes();
+  }));
+  ExpectAuxOf(Decode(call_->written()), 2, Ids(2));
 }
 
 TEST_F(StreamSessionTest, NcclPayloadsGoOutOfBandAfterTheJoin) {

@@ -1,6 +1,12 @@
 #include "common/crc32c.h"
 #include "common/grpc/byte_buffer.h"
 #include "common/transport/contract.h"
+#include "common/transport/payload_sender.h"
+#include "common/transport/shm_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -10,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -508,6 +515,66 @@ TEST(DecodeTest, EmptyBufferIsAMessageWithNoKind) {
   ASSERT_TRUE(is_chunk.ok());
   EXPECT_FALSE(*is_chunk);
   EXPECT_EQ(message.kind_case(), v1::StreamResponse::KIND_NOT_SET);
+}
+
+// --- Senders ------------------------------------------------------------------------
+
+// A PayloadStream that keeps what a sender emits.
+class RecordingStream final : public PayloadStream {
+ public:
+  absl::Status Emit(StreamMessage message) override {
+    messages.push_back(std::move(message));
+    return absl::OkStatus();
+  }
+  bool stopped() const override { return false; }
+
+  std::vector<StreamMessage> messages;
+};
+
+// P13 item 6: a local process that truncated the student's ring after the
+// teacher attached it killed the teacher with SIGBUS. The shm sender now
+// fails that Send with DataLoss (which ends the stream, teacher/
+// stream_session.cc) and emits no locator for the record it could not write.
+TEST(ShmSenderTest, ARingTruncatedAfterOpenFailsTheSendWithDataLoss) {
+  ShmRingOptions options;
+  options.name = absl::StrCat("/specstream-payload-test-", getpid());
+  options.capacity = 16384;
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::Create(options);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  v1::StreamRequest::Open open;
+  open.set_transport(v1::TRANSPORT_SHM);
+  open.set_shm_name(options.name);
+  open.set_shm_capacity(options.capacity);
+  PayloadSenderConfig config;
+  config.chunk_bytes = kMinChunkBytes;
+  absl::StatusOr<std::unique_ptr<PayloadSender>> sender = OpenPayloadSender(open, config);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+
+  const std::string bytes(10000, 'p');
+  const PayloadBytes payload({bytes}, nullptr);
+  RecordingStream stream;
+  ASSERT_TRUE((*sender)->Send(1, payload, stream).ok());
+  ASSERT_EQ(stream.messages.size(), 3u);  // 4096 + 4096 + 1808 bytes
+  std::string received;
+  for (const StreamMessage& m : stream.messages) {
+    const v1::StreamResponse::ShmLocator& shm = m.message.chunk().shm();
+    std::string record(shm.length(), '\0');
+    ASSERT_TRUE(
+        (*ring)->CopyOut(shm.position(), absl::Span<char>(record.data(), record.size())).ok());
+    ASSERT_TRUE((*ring)->Release(shm.position() + shm.length()).ok());
+    received += record;
+  }
+  EXPECT_EQ(received, bytes);
+
+  const int fd = shm_open(options.name.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  close(fd);
+  const absl::Status sent = (*sender)->Send(2, payload, stream);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kDataLoss) << sent;
+  EXPECT_THAT(std::string(sent.message()), HasSubstr(options.name));
+  EXPECT_THAT(std::string(sent.message()), HasSubstr("truncated"));
+  EXPECT_EQ(stream.messages.size(), 3u);
 }
 
 }  // namespace

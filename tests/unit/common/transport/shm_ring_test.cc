@@ -94,12 +94,12 @@ TEST(ShmRingTest, CreateAttachWriteRead) {
   // Not visible before Commit.
   EXPECT_EQ(consumer->Read(0, 5).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE((*producer)->Commit().ok());
-  EXPECT_EQ(consumer->committed(), 5u);
+  EXPECT_EQ(consumer->committed().value_or(0), 5u);
   auto span = consumer->Read(0, 5);
   ASSERT_TRUE(span.ok()) << span.status();
   EXPECT_EQ(std::string(span->data(), span->size()), "hello");
   ASSERT_TRUE(consumer->Release(5).ok());
-  EXPECT_EQ((*producer)->released(), 5u);
+  EXPECT_EQ((*producer)->released().value_or(0), 5u);
 }
 
 TEST(ShmRingTest, ProducerAndConsumerThreadsMoveRandomRecords) {
@@ -315,6 +315,147 @@ TEST(ShmRingTest, CorruptSegmentsAreDataLoss) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("capacity 4096"));
   close(fd);
+}
+
+// Shrinks the shared-memory object `name` to `size` bytes, as a stray local
+// process could while a teacher and a student map it.
+void TruncateSegment(const std::string& name, off_t size) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0) << name;
+  ASSERT_EQ(ftruncate(fd, size), 0);
+  close(fd);
+}
+
+// P13 item 6: a local process that truncated a student's ring after the
+// teacher attached killed the teacher with SIGBUS on its next access. Every
+// access now ends with DataLoss naming the ring, the process lives on, and a
+// second ring in the same process is untouched.
+TEST(ShmRingTest, TruncatedToNothingEveryAccessIsDataLossAndOtherRingsWork) {
+  const std::string name = UniqueName();
+  auto consumer = MustCreate(name, 16384);
+  ASSERT_NE(consumer, nullptr);
+  auto producer = ShmRing::Attach(name);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  const std::string other_name = UniqueName();
+  auto other_consumer = MustCreate(other_name, 16384);
+  ASSERT_NE(other_consumer, nullptr);
+  auto other_producer = ShmRing::Attach(other_name);
+  ASSERT_TRUE(other_producer.ok()) << other_producer.status();
+
+  auto before = (*producer)->Reserve(5, absl::Seconds(1));
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE((*producer)->Commit().ok());
+
+  TruncateSegment(name, 0);
+  auto expect_lost = [&name](const absl::Status& status) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(name));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("truncated"));
+  };
+  // The teacher's side: header loads and stores.
+  expect_lost((*producer)->Reserve(5, absl::Seconds(1)).status());
+  expect_lost((*producer)->Commit());
+  expect_lost((*producer)->committed().status());
+  // The student's side, through its own mapping.
+  expect_lost(consumer->Read(0, 5).status());
+  char out[5];
+  expect_lost(consumer->CopyOut(0, absl::Span<char>(out, 5)));
+  expect_lost(consumer->Release(5));
+  expect_lost(consumer->released().status());
+  // Attaching anew sees the segment too small.
+  EXPECT_EQ(ShmRing::Attach(name).status().code(), absl::StatusCode::kDataLoss);
+
+  auto r = (*other_producer)->Reserve(5, absl::Seconds(1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE((*other_producer)
+                  ->Fill([](absl::Span<char> dest) { std::memcpy(dest.data(), "alive", 5); })
+                  .ok());
+  ASSERT_TRUE((*other_producer)->Commit().ok());
+  ASSERT_TRUE(other_consumer->CopyOut(r->position, absl::Span<char>(out, 5)).ok());
+  EXPECT_EQ(std::string(out, 5), "alive");
+  EXPECT_TRUE(other_consumer->Release(5).ok());
+}
+
+// Truncated to its header page: the positions still read, but the record
+// bytes are gone. The copy into the reservation is DataLoss, and from then on
+// the ring is lost (Commit does not publish a record that was never written).
+TEST(ShmRingTest, TruncatedUnderAReservationTheCopyIsDataLossAndTheRingIsLost) {
+  const std::string name = UniqueName();
+  auto consumer = MustCreate(name, 16384);
+  ASSERT_NE(consumer, nullptr);
+  auto producer = ShmRing::Attach(name);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  auto r = (*producer)->Reserve(8000, absl::Seconds(1));
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  TruncateSegment(name, static_cast<off_t>(ShmRing::kHeaderBytes));
+  bool copied = false;
+  const absl::Status fill = (*producer)->Fill([&copied](absl::Span<char> dest) {
+    std::memset(dest.data(), 'x', dest.size());
+    copied = true;
+  });
+  EXPECT_FALSE(copied);  // abandoned at the first byte
+  EXPECT_EQ(fill.code(), absl::StatusCode::kDataLoss) << fill;
+  EXPECT_THAT(std::string(fill.message()), HasSubstr(name));
+  EXPECT_THAT(std::string(fill.message()), HasSubstr("truncated"));
+  EXPECT_THAT(std::string(fill.message()), HasSubstr("SIGBUS at byte 4096 of 20480"));
+  const absl::Status commit = (*producer)->Commit();
+  EXPECT_EQ(commit.code(), absl::StatusCode::kDataLoss) << commit;
+  EXPECT_THAT(std::string(commit.message()), HasSubstr("the ring is lost"));
+  EXPECT_EQ(consumer->committed().value_or(1), 0u);  // the header page is intact
+}
+
+// A copy whose source (not the ring) faults is DataLoss too, and the ring
+// stays usable: the fault is not blamed on it.
+TEST(ShmRingTest, AFaultOutsideTheRingIsDataLossButTheRingLives) {
+  const std::string name = UniqueName();
+  auto consumer = MustCreate(name, 16384);
+  ASSERT_NE(consumer, nullptr);
+  auto producer = ShmRing::Attach(name);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+
+  // A one-page source mapping whose object is then emptied.
+  const std::string source_name = UniqueName();
+  const int fd = shm_open(source_name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  shm_unlink(source_name.c_str());
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  void* source = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(source, MAP_FAILED);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  close(fd);
+
+  ASSERT_TRUE((*producer)->Reserve(100, absl::Seconds(1)).ok());
+  const absl::Status fill = (*producer)->Fill(
+      [source](absl::Span<char> dest) { std::memcpy(dest.data(), source, dest.size()); });
+  EXPECT_EQ(fill.code(), absl::StatusCode::kDataLoss) << fill;
+  EXPECT_THAT(std::string(fill.message()), HasSubstr("outside the ring"));
+  munmap(source, 4096);
+  ASSERT_TRUE(
+      (*producer)->Fill([](absl::Span<char> dest) { std::memset(dest.data(), 'y', 100); }).ok());
+  ASSERT_TRUE((*producer)->Commit().ok());
+  std::string out(100, '\0');
+  ASSERT_TRUE(consumer->CopyOut(0, absl::Span<char>(out.data(), out.size())).ok());
+  EXPECT_EQ(out, std::string(100, 'y'));
+}
+
+// The consumer side: a committed record whose data page is gone.
+TEST(ShmRingTest, TruncatedUnderACommittedRecordCopyOutIsDataLoss) {
+  const std::string name = UniqueName();
+  auto consumer = MustCreate(name, 16384);
+  ASSERT_NE(consumer, nullptr);
+  auto producer = ShmRing::Attach(name);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  ASSERT_TRUE((*producer)->Reserve(3, absl::Seconds(1)).ok());
+  ASSERT_TRUE(
+      (*producer)->Fill([](absl::Span<char> dest) { std::memcpy(dest.data(), "abc", 3); }).ok());
+  ASSERT_TRUE((*producer)->Commit().ok());
+  TruncateSegment(name, static_cast<off_t>(ShmRing::kHeaderBytes));
+  char out[3];
+  const absl::Status copy = consumer->CopyOut(0, absl::Span<char>(out, 3));
+  EXPECT_EQ(copy.code(), absl::StatusCode::kDataLoss) << copy;
+  EXPECT_THAT(std::string(copy.message()), HasSubstr("truncated"));
+  EXPECT_EQ(consumer->Release(3).code(), absl::StatusCode::kDataLoss);
 }
 
 // The producer in a forked child process, locators over a pipe, as between a
