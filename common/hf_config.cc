@@ -35,6 +35,14 @@ struct TypeInfo {
 };
 
 constexpr int64_t kQwenMaxWindowLayers = 28;
+// How deep config.json values may nest. Published configs nest a few levels
+// (rope_parameters by layer type: 3); nlohmann's dump (in error messages)
+// and its == recurse, so deeper input would overflow the stack.
+constexpr int kMaxJsonDepth = 64;
+
+// Thrown from inside the nlohmann parser callback to stop parsing; it never
+// escapes ParseHfConfig.
+struct TooDeep {};
 
 const TypeInfo kTypes[] = {
     {"llama", "LlamaForCausalLM", 2048, 10000.0, 1e-6, std::nullopt, std::nullopt, false, true,
@@ -135,6 +143,9 @@ class FieldReader final {
     for (const Json& item : *v) {
       if (!item.is_number_integer()) {
         return Error(key, absl::StrCat("must be a list of integers, got ", v->dump()));
+      }
+      if (item.is_number_unsigned() && item.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return Error(key, absl::StrCat("integer out of range: ", item.dump()));
       }
       out->push_back(item.get<int64_t>());
     }
@@ -382,8 +393,15 @@ ExpertTensorNames MoeTensorNames(const HfModelConfig& config, int64_t layer) {
 
 absl::StatusOr<HfModelConfig> ParseHfConfig(absl::string_view text) {
   Json root;
+  const auto limit_depth = [](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxJsonDepth) throw TooDeep{};
+    return true;
+  };
   try {
-    root = Json::parse(text.begin(), text.end());
+    root = Json::parse(text.begin(), text.end(), limit_depth);
+  } catch (const TooDeep&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config nests values more than ", kMaxJsonDepth, " levels deep"));
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config is not valid JSON: ", e.what()));
   }
@@ -465,8 +483,10 @@ absl::StatusOr<HfModelConfig> ParseHfConfig(absl::string_view text) {
   if (type->has_mlp_bias_field) RETURN_IF_ERROR(r.Bool("mlp_bias", &c.mlp_bias));
 
   // Sliding window: an explicit null means none; absence means the default.
+  // LlamaConfig has no such field (transformers' Llama ignores the key), so
+  // a llama config.json's is ignored here too.
   c.sliding_window = type->sliding_window;
-  if (r.HasKey("sliding_window")) {
+  if (type->model_type != "llama" && r.HasKey("sliding_window")) {
     c.sliding_window.reset();
     RETURN_IF_ERROR(r.OptInt("sliding_window", &c.sliding_window));
   }
@@ -555,7 +575,12 @@ absl::Status ValidateHfConfig(const HfModelConfig& c) {
     return FieldError("hidden_act", absl::StrCat("unsupported activation \"", c.hidden_act,
                                                  "\" (expected silu)"));
   }
-  if (c.sliding_window) RETURN_IF_ERROR(Positive("sliding_window", *c.sliding_window));
+  if (c.sliding_window) {
+    if (c.model_type == "llama") {
+      return FieldError("sliding_window", "llama has no sliding window (transformers ignores it)");
+    }
+    RETURN_IF_ERROR(Positive("sliding_window", *c.sliding_window));
+  }
   if (!c.torch_dtype.empty() && c.torch_dtype != "bfloat16" && c.torch_dtype != "float16" &&
       c.torch_dtype != "float32") {
     return FieldError("torch_dtype", absl::StrCat("unsupported \"", c.torch_dtype,

@@ -13,6 +13,8 @@
 //     says); mistral and mixtral never have biases; only llama has mlp_bias.
 //   * qwen2/qwen3/qwen3_moe apply sliding_window only when use_sliding_window
 //     is true; `sliding_window` here is the effective value (nullopt = none).
+//     llama has none: its config.json's key is ignored, as transformers
+//     ignores it, and ValidateHfConfig refuses one set in code.
 //   * mixtral names the expert count num_local_experts and always renormalises
 //     the top-k router weights (norm_topk_prob is true).
 //
@@ -112,7 +114,8 @@ ExpertTensorNames MoeTensorNames(const HfModelConfig& config, int64_t layer);
 
 // Parses and validates config.json text. Errors are InvalidArgument naming
 // the field and the reason, e.g. `field "hidden_size": must be positive, got 0`
-// or `unsupported model_type "gpt2" (supported: llama, ...)`.
+// or `unsupported model_type "gpt2" (supported: llama, ...)`; text that is not
+// JSON, or whose values nest more than 64 levels deep, is refused whole.
 absl::StatusOr<HfModelConfig> ParseHfConfig(absl::string_view json);
 
 // Reads `path_or_dir` (a directory means <dir>/config.json) and parses it;

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "teacher/sample_request.h"
+#include "teacher/stream_request.h"
 
 namespace specstream::teacher {
 namespace {
@@ -163,8 +163,8 @@ void StreamSession::HandleLocked(const StreamRequest& request) {
       SampleLocked(request.sample());
       return;
     case StreamRequest::kCredit:
-      if (request.credit().n() == 0) {
-        EndLocked(absl::InvalidArgumentError("credit.n: must be > 0"));
+      if (absl::Status s = ValidateCredit(request.credit()); !s.ok()) {
+        EndLocked(s);
       } else {
         granted_ += request.credit().n();
       }
@@ -184,14 +184,7 @@ void StreamSession::HandleLocked(const StreamRequest& request) {
 }
 
 absl::Status StreamSession::OpenLocked(const StreamRequest::Open& open) {
-  ASSIGN_OR_RETURN(std::unique_ptr<PayloadSender> sender, OpenPayloadSender(open, config_.sender));
-  if (open.contract_dtype() != v1::DTYPE_UNSPECIFIED &&
-      open.contract_dtype() != config_.payload_dtype) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "open.contract_dtype: the student expects ", v1::DType_Name(open.contract_dtype()),
-        ", this teacher sends ", v1::DType_Name(config_.payload_dtype)));
-  }
-  sender_ = std::move(sender);
+  ASSIGN_OR_RETURN(sender_, AcceptOpen(open, config_.sender, config_.payload_dtype));
   // Opened follows once the sender is connected (PayloadLoop); nothing is
   // written before it. Requests are computed meanwhile.
   phase_ = Phase::kConnecting;

@@ -8,7 +8,7 @@
 #
 #   ./tests/run.sh                 everything
 #   CTEST_ARGS="-L unit" ./tests/run.sh   pass extra arguments to ctest
-#   SKIP_FUZZ=1 ./tests/run.sh     leave the 2x30 s fuzz runs out
+#   SKIP_FUZZ=1 ./tests/run.sh     leave the fuzz runs (5 targets, 3x30 s) out
 #   SKIP_TORCH2=1 ./tests/run.sh   leave the LibTorch 2.13 suites out
 #   SKIP_CUDA_BUILD=1 ./tests/run.sh   leave the CUDA compile check out
 set -euo pipefail

@@ -41,6 +41,24 @@ std::string MarkText(const YAML::Mark& mark) {
   return absl::StrFormat("line %d, column %d", mark.line + 1, mark.column + 1);
 }
 
+// "line L, column C" of byte `offset` of `text` (1-based).
+std::string PositionText(absl::string_view text, size_t offset) {
+  const absl::string_view before = text.substr(0, offset);
+  const size_t line_start = before.rfind('\n');
+  return absl::StrFormat("line %d, column %d", std::count(before.begin(), before.end(), '\n') + 1,
+                         offset - (line_start == absl::string_view::npos ? 0 : line_start + 1) + 1);
+}
+
+// The offset of the first control character YAML does not allow in a
+// stream (C0 controls but tab, LF and CR; DEL), or text.size().
+size_t FindControlCharacter(absl::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F) return i;
+  }
+  return text.size();
+}
+
 // A plain scalar that reads as a decimal number: sign, digits, at most one
 // '.', an optional exponent. Keeps "inf", "nan", "0x10" and "1_000" strings
 // (strtod would take the first three).
@@ -93,13 +111,22 @@ nlohmann::json ScalarToJson(const YAML::Node& node) {
 // every use is expanded here, so a small document of nested aliases (an
 // alias bomb) would otherwise grow without bound.
 constexpr int64_t kMaxSpecNodes = 100000;
+// How deep values may nest (the schema needs 3 levels). An alias inside its
+// own anchor ("a: &x [*x]") is a cycle in yaml-cpp's graph, which would
+// otherwise recurse here until the stack overflows.
+constexpr int kMaxSpecDepth = 64;
 
 absl::StatusOr<nlohmann::json> NodeToJson(const YAML::Node& node, const std::string& path,
-                                          int64_t* budget) {
+                                          int depth, int64_t* budget) {
   if (--*budget < 0) {
     return absl::InvalidArgumentError(absl::StrCat("job spec YAML: ", MarkText(node.Mark()),
                                                    ": the spec expands to more than ",
                                                    kMaxSpecNodes, " values (nested aliases?)"));
+  }
+  if (depth > kMaxSpecDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec YAML: ", MarkText(node.Mark()), ": values nest more than ",
+                     kMaxSpecDepth, " levels deep (an alias inside its own anchor?)"));
   }
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
@@ -111,8 +138,9 @@ absl::StatusOr<nlohmann::json> NodeToJson(const YAML::Node& node, const std::str
       nlohmann::json array = nlohmann::json::array();
       size_t index = 0;
       for (const YAML::Node& item : node) {
-        ASSIGN_OR_RETURN(nlohmann::json value,
-                         NodeToJson(item, absl::StrCat(path, "[", index++, "]"), budget));
+        ASSIGN_OR_RETURN(
+            nlohmann::json value,
+            NodeToJson(item, absl::StrCat(path, "[", index++, "]"), depth + 1, budget));
         array.push_back(std::move(value));
       }
       return array;
@@ -131,7 +159,7 @@ absl::StatusOr<nlohmann::json> NodeToJson(const YAML::Node& node, const std::str
           return absl::InvalidArgumentError(absl::StrCat("job spec YAML: ", MarkText(key.Mark()),
                                                          ": duplicate key \"", child, "\""));
         }
-        ASSIGN_OR_RETURN(object[name], NodeToJson(entry.second, child, budget));
+        ASSIGN_OR_RETURN(object[name], NodeToJson(entry.second, child, depth + 1, budget));
       }
       return object;
     }
@@ -379,15 +407,16 @@ absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text) {
                                                    " bytes"));
   }
   // JSON (and the proto schema) hold UTF-8 only: refuse anything else here,
-  // naming where, instead of failing later inside a serialiser.
-  if (const size_t bad = unicode::FindInvalidUtf8(yaml_text); bad < yaml_text.size()) {
-    const absl::string_view before = yaml_text.substr(0, bad);
-    const size_t line_start = before.rfind('\n');
-    return absl::InvalidArgumentError(
-        absl::StrFormat("job spec YAML: line %d, column %d: invalid UTF-8 (byte 0x%02x)",
-                        std::count(before.begin(), before.end(), '\n') + 1,
-                        bad - (line_start == absl::string_view::npos ? 0 : line_start + 1) + 1,
-                        static_cast<unsigned char>(yaml_text[bad])));
+  // naming where, instead of failing later inside a serialiser. Control
+  // characters YAML does not allow are refused too: yaml-cpp mishandles them
+  // (it reads "x\0_y" as "x", 0xA0, "y", which is not UTF-8).
+  const size_t bad_utf8 = unicode::FindInvalidUtf8(yaml_text);
+  const size_t control = FindControlCharacter(yaml_text);
+  if (const size_t bad = std::min(bad_utf8, control); bad < yaml_text.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "job spec YAML: %s: %s (byte 0x%02x)", PositionText(yaml_text, bad),
+        bad == control ? "a control character (YAML allows tab, LF and CR only)" : "invalid UTF-8",
+        static_cast<unsigned char>(yaml_text[bad])));
   }
   YAML::Node root;
   try {
@@ -404,11 +433,15 @@ absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text) {
   }
   try {
     int64_t budget = kMaxSpecNodes;
-    ASSIGN_OR_RETURN(nlohmann::json json, NodeToJson(root, "", &budget));
+    ASSIGN_OR_RETURN(nlohmann::json json, NodeToJson(root, "", /*depth=*/0, &budget));
     return json.dump();
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("job spec YAML: ", MarkText(e.mark), ": ", e.msg));
+  } catch (const nlohmann::json::exception& e) {
+    // dump() throws on a string that is not UTF-8; none should get here (the
+    // text is checked above), but a spec is refused, never a crash.
+    return absl::InvalidArgumentError(absl::StrCat("job spec YAML: ", e.what()));
   }
 }
 

@@ -51,6 +51,10 @@ inline constexpr int64_t kMaxBadSteps = 1000000;
 inline constexpr int64_t kMaxKeepLast = 1000000;
 
 // YAML text -> validated spec with defaults filled. Errors:
+//   * Text: InvalidArgument for more than kMaxSpecBytes, and (naming line
+//     and column) for invalid UTF-8, a control character YAML does not
+//     allow, and values that expand to more than 100k or nest more than 64
+//     levels deep (aliases, an alias inside its own anchor).
 //   * YAML syntax: InvalidArgument "job spec YAML: line L, column C: <msg>"
 //     (1-based, from yaml-cpp's mark).
 //   * Schema (unknown key, wrong type): InvalidArgument "job spec: <protobuf

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + libFuzzer) in build-fuzz/ and
-# runs each for FUZZ_SECONDS (default 30) from a seed corpus. Prints each
-# target's exec count; exits non-zero on a crash. Skips (exit 0) when clang
-# is absent, unless CI=true.
+# runs each for FUZZ_SECONDS (default 30) from its seed corpus
+# (tests/fuzz/seeds/<target>/), two at a time. Prints each target's exec
+# count; exits non-zero on a crash, a failed oracle or an input that runs
+# longer than 10 s. Skips (exit 0) when clang is absent, unless CI=true.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -18,7 +19,8 @@ fi
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++ -DSPECSTREAM_BUILD_FUZZERS=ON -DSPECSTREAM_FUZZ_ONLY=ON \
   -DSPECSTREAM_BUILD_TESTS=OFF >/dev/null
-cmake --build "$BUILD" --target safetensors_fuzz tokenizer_fuzz
+TARGETS=(safetensors_fuzz tokenizer_fuzz job_spec_fuzz hf_config_fuzz stream_request_fuzz)
+cmake --build "$BUILD" --target "${TARGETS[@]}"
 
 run() {
   local name=$1; shift
@@ -27,7 +29,7 @@ run() {
   cp -n "$ROOT"/tests/fuzz/seeds/"$name"/* "$corpus"/ 2>/dev/null || true
   local log="$BUILD/$name.log"
   if ! "$BUILD/tests/fuzz/$name" -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 \
-        -rss_limit_mb=4096 "$@" "$corpus" >"$log" 2>&1; then
+        -rss_limit_mb=4096 -timeout=10 "$@" "$corpus" >"$log" 2>&1; then
     tail -50 "$log" >&2
     echo "fuzz: $name FAILED" >&2
     return 1
@@ -37,12 +39,14 @@ run() {
   echo "fuzz: $name ran ${SECONDS_PER_TARGET}s, ${execs} execs, no crash"
 }
 
-# Both at once: each fuzzer keeps one core.
-run safetensors_fuzz &
-safetensors=$!
-run tokenizer_fuzz &
-tokenizer=$!
+# Two at a time, each keeping one core: three rounds of FUZZ_SECONDS.
 failed=0
-wait "$safetensors" || failed=1
-wait "$tokenizer" || failed=1
+for ((i = 0; i < ${#TARGETS[@]}; i += 2)); do
+  pids=()
+  for name in "${TARGETS[@]:i:2}"; do
+    run "$name" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+done
 exit "$failed"

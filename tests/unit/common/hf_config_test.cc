@@ -626,6 +626,43 @@ TEST(HfConfigTest, RoundTripsThroughHfConfigToJson) {
   }
 }
 
+// Found with hf_config_fuzz's round-trip oracle: a llama config.json's
+// sliding_window was honoured (the teacher windowed its attention, which
+// transformers' Llama never does), and HfConfigToJson, which writes no
+// window for llama, lost it.
+TEST(HfConfigTest, LlamaIgnoresSlidingWindowAsTransformersDoes) {
+  const HfModelConfig llama = MustParse(Minimal("llama", R"("sliding_window": 4096)"));
+  EXPECT_FALSE(llama.sliding_window.has_value());
+  ExpectSameConfig(llama, MustParse(HfConfigToJson(llama)));
+  EXPECT_EQ(MustParse(Minimal("mistral", R"("sliding_window": 1024)")).sliding_window, 1024);
+
+  HfModelConfig windowed = llama;
+  windowed.sliding_window = 4096;
+  const absl::Status status = ValidateHfConfig(windowed);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("sliding_window"), HasSubstr("llama")));
+}
+
+// Found with hf_config_fuzz: values nested 300k deep overflowed the stack in
+// nlohmann's dump (the error message for a mistyped field) and == (the
+// per-layer-type rope_parameters comparison). Nesting is bounded at parse.
+TEST(HfConfigTest, DeeplyNestedValuesAreRefused) {
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  ExpectError(R"({"model_type": )" + deep + "}", {"nests values more than 64 levels deep"});
+  ExpectError(Minimal("llama", R"("rope_parameters": {"full_attention": {"x": )" + deep +
+                                   R"(}, "sliding_attention": {"x": )" + deep + "}}"),
+              {"64 levels"});
+  ExpectError(Minimal("llama", R"("unknown": )" + std::string(65, '[') + std::string(65, ']')),
+              {"64 levels"});
+  // Unknown keys nested within the limit are still ignored.
+  MustParse(Minimal("llama", R"("unknown": )" + std::string(63, '[') + std::string(63, ']')));
+}
+
+TEST(HfConfigTest, RefusesIntegerListItemsPastInt64) {
+  ExpectError(Minimal("llama", R"("eos_token_id": [2, 18446744073709551615])"),
+              {"\"eos_token_id\"", "out of range", "18446744073709551615"});
+}
+
 TEST(HfConfigTest, WrittenJsonUsesModelTypeSpecificNames) {
   const Json mixtral = Json::parse(HfConfigToJson(MustParse(kMixtral8x7B)));
   EXPECT_EQ(mixtral["num_local_experts"], 8);

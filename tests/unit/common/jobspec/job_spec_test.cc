@@ -299,6 +299,49 @@ TEST(JobConfigTest, AnAliasBombIsRefusedBeforeItExpands) {
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("nested aliases"));
 }
 
+// Found by job_spec_fuzz: yaml-cpp reads "x\0_y" as "x", 0xA0, "y", and
+// the JSON dump of that non-UTF-8 string threw out of ParseJobSpecYaml
+// (validate aborted; a submit would take the coordinator down). Control
+// characters YAML does not allow are refused up front, naming where.
+TEST(JobConfigTest, ControlCharactersAreRefusedNamingTheLineAndColumn) {
+  for (const std::string bad : {std::string("\0_", 2), std::string("\0", 1), std::string("\x01"),
+                                std::string("\x1b"), std::string("\x7f")}) {
+    const std::string text = Edit("dir: /export", "dir: /exp" + bad + "ort");
+    auto spec = ParseJobSpecYaml(text);
+    ASSERT_FALSE(spec.ok());
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    const size_t at = text.find("/exp") + 4;
+    const size_t line_start = text.rfind('\n', at) + 1;
+    const int line = static_cast<int>(std::count(text.begin(), text.begin() + at, '\n')) + 1;
+    EXPECT_THAT(std::string(spec.status().message()),
+                HasSubstr(absl::StrCat("line ", line, ", column ", at - line_start + 1,
+                                       ": a control character")))
+        << spec.status();
+  }
+  // Tabs, CRLF line ends and non-ASCII text stay fine.
+  std::string crlf = absl::StrReplaceAll(kValid, {{"\n", "\r\n"}});
+  EXPECT_TRUE(ParseJobSpecYaml(crlf).ok());
+  EXPECT_TRUE(ParseJobSpecYaml(Edit("name: llama-eagle3", "name: \"l\tlama \xc3\xa9\"")).ok());
+}
+
+// Found by job_spec_fuzz: an alias inside its own anchor is a cycle in
+// yaml-cpp's node graph, and the conversion recursed until the stack
+// overflowed (14 bytes crashed validate, or a coordinator's submit).
+TEST(JobConfigTest, AnAliasInsideItsOwnAnchorIsRefused) {
+  for (const std::string cyclic :
+       {"name: &a [*a]\n", "data: &d {store: *d}\n", "model: &m {draft: [1, {x: *m}]}\n"}) {
+    auto spec = ParseJobSpecYaml(cyclic);
+    ASSERT_FALSE(spec.ok()) << cyclic;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr("levels deep")) << spec.status();
+  }
+  // Deep nesting without aliases is refused the same way.
+  std::string deep = "name: " + std::string(100, '[') + std::string(100, ']') + "\n";
+  auto spec = ParseJobSpecYaml(deep);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("nest more than 64 levels deep"));
+}
+
 // P13 item 17: specs past the limit are refused before parsing.
 TEST(JobConfigTest, AnOversizedSpecIsRefusedBeforeParsing) {
   std::string big = std::string(kValid) + "# " + std::string(kMaxSpecBytes, 'x') + "\n";
