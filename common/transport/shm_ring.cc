@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <optional>
 #include <utility>
@@ -405,6 +406,21 @@ absl::Status ShmRing::Release(uint64_t end) {
   }));
   if (wake) FutexWakeAll(&h->release_seq);
   return absl::OkStatus();
+}
+
+std::string ShmRingPrefix(int64_t pid) { return absl::StrCat("/specstream-", pid, "-"); }
+
+int RemoveShmRingsOf(int64_t pid) {
+  // POSIX shm names live in /dev/shm on Linux, without the leading '/'.
+  const std::string prefix = ShmRingPrefix(pid).substr(1);
+  int removed = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace specstream

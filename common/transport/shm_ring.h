@@ -193,6 +193,17 @@ class ShmRing final {
   mutable std::atomic<bool> lost_{false};
 };
 
+// The name prefix of every ring process `pid` creates ("/specstream-<pid>-"):
+// a student names its rings with it, so that what a dead process left behind
+// can be found.
+std::string ShmRingPrefix(int64_t pid);
+
+// Unlinks every ring in /dev/shm whose name starts with ShmRingPrefix(pid)
+// (what a rank killed before unlinking its rings left); returns how many.
+// Mappings a live teacher still holds stay valid. Best effort: a name that
+// vanishes meanwhile is not an error.
+int RemoveShmRingsOf(int64_t pid);
+
 }  // namespace specstream
 
 #endif  // SPECSTREAM_COMMON_TRANSPORT_SHM_RING_H_

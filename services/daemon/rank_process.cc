@@ -27,6 +27,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/subprocess.h"
+#include "common/transport/shm_ring.h"
 #include "common/unicode.h"
 
 namespace specstream::services {
@@ -273,8 +274,14 @@ struct RankProcess::Impl {
     PollMetrics(true);
     CloseFd(out_fd);
     CloseFd(err_fd);
+    const int code = WaitForExit(pid, /*block=*/true).value_or(1);
+    // A rank killed before it unlinked its shared-memory rings leaves them
+    // in /dev/shm (memory, on Kubernetes): they are reclaimed here.
+    if (const int rings = RemoveShmRingsOf(pid); rings > 0) {
+      SS_LOG_INFO("rank process {}: removed {} shared-memory ring(s) it left", pid, rings);
+    }
     absl::MutexLock lock(&mu);
-    exit_code = WaitForExit(pid, /*block=*/true).value_or(1);
+    exit_code = code;
   }
 };
 

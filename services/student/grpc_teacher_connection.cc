@@ -106,8 +106,8 @@ absl::StatusOr<StreamTransport> TransportFor(const std::string& address,
           offers(v1::TRANSPORT_SHM) ? " runs on another host" : " does not offer shared memory"));
     }
     ShmRingOptions ring;
-    ring.name = absl::StrCat("/specstream-", getpid(), "-", options.rank, "-", options.stream_index,
-                             "-", absl::ToUnixNanos(absl::Now()) % 1000000007);
+    ring.name = absl::StrCat(ShmRingPrefix(getpid()), options.rank, "-", options.stream_index, "-",
+                             absl::ToUnixNanos(absl::Now()) % 1000000007);
     ring.capacity = options.shm_capacity;
     absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::Create(ring);
     if (!created.ok()) {

@@ -70,7 +70,8 @@ struct RuntimeFlags {
   std::string dtype = "auto";
   std::string capture;
   std::string runtime = "hf";
-  int tp = 0;  // 0: one rank per --devices entry
+  std::string capture_for = "eagle3";  // what the captures feed: eagle3 | any
+  int tp = 0;                          // 0: one rank per --devices entry
   int ep = 1;
   std::string log_level;  // the global --log-level, handed to the TP workers
 
@@ -85,6 +86,9 @@ struct RuntimeFlags {
                     "Expert-parallel ranks within the TP group (MoE models, --runtime sglang)");
     app->add_option("--dtype", dtype, "auto | float32 | bfloat16");
     app->add_option("--capture-layers", capture, "EAGLE-3 capture layer ids (default 1,L/2-1,L-4)");
+    app->add_option("--capture-for", capture_for,
+                    "eagle3 (default: --capture-layers must be 3 ascending ids below L-1, what "
+                    "an EAGLE-3 draft and its servers use) | any");
     app->add_option("--runtime", runtime, "Target runtime: hf | sglang (token-packed, fused)");
   }
 
@@ -117,8 +121,30 @@ struct RuntimeFlags {
     return spec;
   }
 
+  // Explicit --capture-layers meant for EAGLE-3 that no EAGLE-3 draft or
+  // server can use, refused before the model loads rather than after a
+  // dump or a training run.
+  absl::Status CheckCaptureLayers(const RuntimeSpec& spec) const {
+    if (capture_for != "eagle3" && capture_for != "any") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--capture-for \"", capture_for, "\" (available: eagle3, any)"));
+    }
+    if (capture_for != "eagle3" || spec.capture_layer_ids.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const HfModelConfig config, LoadHfConfig(model));
+    const std::vector<int64_t> ids(spec.capture_layer_ids.begin(), spec.capture_layer_ids.end());
+    if (absl::Status valid = ValidateEagle3CaptureLayers(ids, config.num_hidden_layers);
+        !valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--capture-layers: ", valid.message(), " (", config.num_hidden_layers,
+                       " layers; these feed an EAGLE-3 draft: --capture-for any to capture "
+                       "other layers)"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::unique_ptr<LaunchedRuntime>> Launch() const {
     ASSIGN_OR_RETURN(RuntimeSpec spec, Spec(/*check_machine=*/true));
+    RETURN_IF_ERROR(CheckCaptureLayers(spec));
     ASSIGN_OR_RETURN(spec.worker_executable, SelfExecutable());
     return LaunchRuntime(spec);
   }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -152,6 +153,26 @@ TEST_F(TeacherCliTest, ImpossibleLayoutsAndBadInputFailFastWithReasons) {
   EXPECT_NE(Stderr().find("nccl_device: "), std::string::npos) << Stderr();
   EXPECT_EQ(Run(serve + "--nccl-timeout 0"), 2);
   EXPECT_NE(Stderr().find("--nccl-timeout must be > 0"), std::string::npos) << Stderr();
+  // P13 item 20: capture ids no EAGLE-3 draft can use are refused before the
+  // model loads (the 8-layer model: ids must be 3, ascending, below 7) ...
+  for (const std::string ids : {"1,2", "1,4,7", "4,2,1"}) {
+    EXPECT_EQ(Run("dump --model " + dir_.Join("model") + " --data " + dir_.Join("none.jsonl") +
+                  " --out " + dir_.Join("store") + " --capture-layers " + ids),
+              2)
+        << ids;
+    EXPECT_NE(Stderr().find("--capture-layers: "), std::string::npos) << ids << ": " << Stderr();
+    EXPECT_NE(Stderr().find("--capture-for any"), std::string::npos) << Stderr();
+  }
+  EXPECT_EQ(Run(serve + "--capture-layers 1,7,2"), 2);
+  EXPECT_NE(Stderr().find("--capture-layers: "), std::string::npos) << Stderr();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("store")));
+  // ... unless they are meant for something else.
+  ASSERT_EQ(Run("forward --model " + dir_.Join("model") +
+                " --ids 1,2 --capture-layers 1,7 "
+                "--capture-for any"),
+            0)
+      << Stderr();
+  EXPECT_NE(Stdout().find("capture_layer_ids [1, 7]"), std::string::npos) << Stdout();
 }
 
 // A MoE target through the CLI: `--tp 2 --ep 2` (experts split over two

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -75,6 +76,23 @@ TEST(RankProcessTest, CapturesStdoutStderrAndExitCode) {
   EXPECT_EQ((*process)->LastStderr(1), "no-newline");
   // Taken lines are not returned again.
   EXPECT_TRUE((*process)->TakeOutput().lines.empty());
+}
+
+// P13 item 13: a rank killed before it unlinked its shared-memory rings
+// (SIGKILL, the OOM killer) leaves them in /dev/shm; its daemon reclaims
+// them, and only its own.
+TEST(RankProcessTest, RingsAKilledRankLeftAreReclaimed) {
+  const std::string other = "/dev/shm/specstream-1-0-0-keep";  // pid 1's: not ours
+  std::ofstream(other).put('x');
+  auto process = RankProcess::Start(
+      Shell("touch /dev/shm/specstream-$$-0-0-1 /dev/shm/specstream-$$-0-1-2; kill -9 $$"));
+  ASSERT_TRUE(process.ok()) << process.status();
+  const pid_t pid = (*process)->pid();
+  EXPECT_EQ(WaitExit(**process), 128 + 9);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/specstream-" + std::to_string(pid) + "-0-0-1"));
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/specstream-" + std::to_string(pid) + "-0-1-2"));
+  EXPECT_TRUE(std::filesystem::exists(other));
+  std::filesystem::remove(other);
 }
 
 // P13 item 12: a failed job's reason was the tail of the rank's stderr, whose
