@@ -32,6 +32,7 @@ StreamSession::~StreamSession() {
     absl::MutexLock lock(&mu_);
     payload_thread_stop_ = true;
     ended_.store(true, std::memory_order_release);
+    DropQueuedLocked();  // a session destroyed without OnDone (a refused call)
   }
   if (payload_thread_.joinable()) payload_thread_.join();
 }
@@ -100,6 +101,7 @@ absl::Status StreamSession::OnDone(int64_t* samples_sent) {
     ended_.store(true, std::memory_order_release);
     *samples_sent = samples_sent_;
     status = final_status_;
+    DropQueuedLocked();
   }
   if (payload_thread_.joinable()) payload_thread_.join();
   return status;
@@ -113,7 +115,7 @@ void StreamSession::Drain() {
     request_ids_.erase(r.request_id());
     QueueErrorLocked(r.request_id(), absl::UnavailableError("the teacher is shutting down"));
   }
-  queued_.clear();
+  DropQueuedLocked();
   PumpLocked();
 }
 
@@ -194,7 +196,7 @@ absl::Status StreamSession::OpenLocked(const StreamRequest::Open& open) {
 
 void StreamSession::SampleLocked(const SampleRequest& request) {
   if (draining_) {
-    QueueErrorLocked(request.request_id(), absl::UnavailableError("the teacher is shutting down"));
+    RefuseLocked(request.request_id(), absl::UnavailableError("the teacher is shutting down"));
     return;
   }
   absl::Status valid = ValidateSampleRequest(request, config_.max_tokens, config_.vocab_size);
@@ -205,7 +207,15 @@ void StreamSession::SampleLocked(const SampleRequest& request) {
   if (!valid.ok()) {
     SS_LOG_DEBUG("teacher stream from {}: request {} refused: {}", peer_, request.request_id(),
                  std::string(valid.message()));
-    QueueErrorLocked(request.request_id(), valid);
+    RefuseLocked(request.request_id(), valid);
+    return;
+  }
+  // A request with a credit and nothing ahead of it goes to the compute
+  // thread now: it never waits, so the budget does not apply (an honest
+  // student keeps working while others flood).
+  if (Accepting() && queued_.empty() && CanSubmitLocked()) {
+    request_ids_.insert(request.request_id());
+    SubmitOneLocked(request);
     return;
   }
   if (static_cast<int64_t>(queued_.size()) >= config_.max_queued_requests) {
@@ -214,8 +224,37 @@ void StreamSession::SampleLocked(const SampleRequest& request) {
                         config_.max_queued_requests)));
     return;
   }
+  // The teacher-wide budget refuses this request alone: the stream, and the
+  // requests it already has waiting, go on. The id stays free for a retry.
+  const int64_t bytes = QueuedRequestBytes(request);
+  if (config_.queue_budget != nullptr && !config_.queue_budget->TryCharge(bytes)) {
+    SS_LOG_DEBUG("teacher stream from {}: request {} refused: the queue budget is full", peer_,
+                 request.request_id());
+    RefuseLocked(request.request_id(),
+                 absl::ResourceExhaustedError(absl::StrFormat(
+                     "the teacher's budget for SampleRequests waiting for a credit (%d bytes "
+                     "over all streams, serve --max-queued-mib) is full; send Credit or Ack "
+                     "first, or retry later",
+                     config_.queue_budget->limit())));
+    return;
+  }
+  queued_bytes_ += bytes;
   request_ids_.insert(request.request_id());
   queued_.push_back(request);
+}
+
+// A refusal is a SampleError waiting to be written, and a request can be
+// far smaller than its refusal: a student that keeps sending requests it
+// knows are refused and never reads would grow control_ without bound. Past
+// max_queued_requests unwritten messages its stream ends instead.
+void StreamSession::RefuseLocked(uint64_t request_id, const absl::Status& status) {
+  if (static_cast<int64_t>(control_.size()) >= config_.max_queued_requests) {
+    EndLocked(absl::ResourceExhaustedError(
+        absl::StrFormat("more than %d responses wait to be written; read the stream",
+                        config_.max_queued_requests)));
+    return;
+  }
+  QueueErrorLocked(request_id, status);
 }
 
 // --- Output -------------------------------------------------------------------------
@@ -274,15 +313,36 @@ bool StreamSession::Accepting() const {
   return !end_status_.has_value() && phase_ != Phase::kAwaitingOpen && !draining_;
 }
 
+bool StreamSession::CanSubmitLocked() const {
+  return in_flight_ < granted_ && materialized_ < config_.max_samples_per_stream;
+}
+
+void StreamSession::SubmitOneLocked(SampleRequest request) {
+  ++in_flight_;
+  ++materialized_;
+  config_.batcher->Enqueue(
+      ComputeJob{shared_from_this(), std::move(request), sender_->packed_on_device()});
+}
+
 void StreamSession::SubmitLocked() {
-  const bool packed = sender_->packed_on_device();
-  while (!queued_.empty() && in_flight_ < granted_ &&
-         materialized_ < config_.max_samples_per_stream) {
-    ++in_flight_;
-    ++materialized_;
-    config_.batcher->Enqueue(ComputeJob{shared_from_this(), std::move(queued_.front()), packed});
+  while (!queued_.empty() && CanSubmitLocked()) {
+    SampleRequest next = std::move(queued_.front());
     queued_.pop_front();
+    const int64_t bytes = QueuedRequestBytes(next);
+    queued_bytes_ -= bytes;
+    if (config_.queue_budget != nullptr) config_.queue_budget->Release(bytes);
+    SubmitOneLocked(std::move(next));
   }
+}
+
+void StreamSession::DropQueuedLocked() {
+  // queued_bytes_ first: a session the compute thread lets go of last has
+  // nothing queued, and must not touch config_ then.
+  if (queued_bytes_ != 0 && config_.queue_budget != nullptr) {
+    config_.queue_budget->Release(queued_bytes_);
+  }
+  queued_bytes_ = 0;
+  queued_.clear();
 }
 
 void StreamSession::PumpLocked() {
@@ -327,6 +387,7 @@ void StreamSession::EndLocked(absl::Status status) {
   phase_ = Phase::kEnding;
   ended_.store(true, std::memory_order_release);
   payload_thread_stop_ = true;
+  DropQueuedLocked();  // nothing is submitted once a stream has ended
 }
 
 void StreamSession::FinishLocked(const absl::Status& status) {
@@ -335,6 +396,7 @@ void StreamSession::FinishLocked(const absl::Status& status) {
   ended_.store(true, std::memory_order_release);
   payload_thread_stop_ = true;
   final_status_ = status;
+  DropQueuedLocked();  // e.g. a half-closed stream's requests that never got a credit
   call_->Finish(status);
 }
 

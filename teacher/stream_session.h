@@ -12,7 +12,13 @@
 // reports completions back. Memory: a stream materialises at most
 // min(credits not in flight, max_samples_per_stream) samples at once;
 // requests waiting for a credit hold only their token ids, at most
-// max_queued_requests of them.
+// max_queued_requests of them, each charged to the teacher's QueueBudget
+// (shared by every stream) while it waits: one the budget cannot take is
+// answered SampleError RESOURCE_EXHAUSTED, and the stream goes on. A request
+// submitted at once (it has a credit, and nothing waits ahead of it) is not
+// charged. Charges are released when a request is submitted, and every
+// waiting one when the stream drains, ends or finishes. Refusals wait to be
+// written too: at most max_queued_requests of them, or the stream ends.
 //
 // Threads: the call's callbacks (OnRequest, OnReadsDone, OnWriteDone,
 // OnCancel, OnDone), the compute thread (Deliver), the teacher core (Drain)
@@ -40,6 +46,7 @@
 #include "common/transport/payload_sender.h"
 #include "specstream/v1/teacher.pb.h"
 #include "teacher/compute_batcher.h"
+#include "teacher/queue_budget.h"
 
 namespace specstream::teacher {
 
@@ -69,6 +76,9 @@ struct StreamSessionConfig {
   int max_queued_requests = 4096;
   PayloadSenderConfig sender;
   ComputeBatcher* batcher = nullptr;  // outlives every session
+  // The teacher-wide budget for waiting requests; outlives every session.
+  // Null: no bound but max_queued_requests per stream (tests).
+  QueueBudget* queue_budget = nullptr;
   // Counters (any thread; may be null).
   std::function<void()> on_sample_sent;
   std::function<void()> on_sample_error;
@@ -130,11 +140,22 @@ class StreamSession final : public SampleSink,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QueueErrorLocked(uint64_t request_id, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers a SampleRequest that is refused as it arrives; ends the stream
+  // RESOURCE_EXHAUSTED instead when max_queued_requests control messages
+  // already wait to be written (a student that does not read).
+  void RefuseLocked(uint64_t request_id, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::StreamResponse HeaderLocked(const ReadySample& sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PayloadDoneLocked(const ReadySample& sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next message to write, in protocol order (see the .cc), or none.
   std::optional<StreamMessage> NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SubmitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a credit and a materialisation slot are free.
+  bool CanSubmitLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SubmitOneLocked(v1::StreamRequest::SampleRequest request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets every waiting request and releases its charge (the stream
+  // ended, finished or drained; Drain answers them first).
+  void DropQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stream fails: nothing more is sent, and the call finishes with
   // `status` as soon as no write is in flight. The first status wins.
@@ -170,6 +191,8 @@ class StreamSession final : public SampleSink,
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int materialized_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<v1::StreamRequest::SampleRequest> queued_ ABSL_GUARDED_BY(mu_);  // awaiting credit
+  // What queued_ is charged to config_.queue_budget (QueuedRequestBytes of each).
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<uint64_t> request_ids_ ABSL_GUARDED_BY(mu_);  // not yet fully answered
   absl::flat_hash_map<int64_t, int> unacked_ ABSL_GUARDED_BY(mu_);  // sample id -> headers sent
   int64_t samples_sent_ ABSL_GUARDED_BY(mu_) = 0;

@@ -43,6 +43,10 @@ absl::Status ValidateOptions(const TeacherServiceOptions& options) {
   if (options.max_queued_requests < 1) {
     return absl::InvalidArgumentError("max_queued_requests: must be >= 1");
   }
+  if (options.max_queued_request_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_queued_request_bytes: ", options.max_queued_request_bytes, " must be > 0"));
+  }
   if (options.shm_space_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("shm_space_timeout: must be > 0");
   }
@@ -124,6 +128,7 @@ absl::StatusOr<std::unique_ptr<TeacherCore>> TeacherCore::Create(TargetRuntime& 
   batcher.max_batch_tokens = o.max_batch_tokens;
   batcher.nccl_device = o.nccl_device;
   batcher.corrupt_payload_for_testing = o.corrupt_payload_for_testing;
+  core->queue_budget_ = std::make_unique<QueueBudget>(o.max_queued_request_bytes);
   core->batcher_ = std::make_unique<ComputeBatcher>(runtime, std::move(batcher));
 
   StreamSessionConfig& s = core->session_config_;
@@ -139,6 +144,7 @@ absl::StatusOr<std::unique_ptr<TeacherCore>> TeacherCore::Create(TargetRuntime& 
   s.sender.nccl_join = NcclJoin(o);
   s.sender.built_with_nccl = SPECSTREAM_WITH_NCCL;
   s.batcher = core->batcher_.get();
+  s.queue_budget = core->queue_budget_.get();
   TeacherCore* raw = core.get();
   s.on_sample_sent = [raw] {
     absl::MutexLock lock(&raw->stats_mu_);
@@ -262,6 +268,8 @@ TeacherCore::Stats TeacherCore::stats() const {
   stats.forward_calls = batcher_ != nullptr ? batcher_->forward_calls() : 0;
   stats.queued_jobs = batcher_ != nullptr ? batcher_->queued_jobs() : 0;
   stats.draining = draining;
+  stats.queued_request_bytes = queue_budget_ != nullptr ? queue_budget_->used() : 0;
+  stats.queued_request_bytes_peak = queue_budget_ != nullptr ? queue_budget_->peak() : 0;
   return stats;
 }
 

@@ -25,6 +25,7 @@
 #include "common/transport/payload_channel.h"
 #include "specstream/v1/teacher.pb.h"
 #include "teacher/compute_batcher.h"
+#include "teacher/queue_budget.h"
 #include "teacher/stream_session.h"
 
 namespace specstream::teacher {
@@ -52,6 +53,12 @@ struct TeacherServiceOptions {
   // SampleRequests one stream may have waiting for a credit (>= 1); one more
   // ends the stream with RESOURCE_EXHAUSTED.
   int max_queued_requests = 4096;
+  // Bytes that SampleRequests waiting for a credit may hold over all streams
+  // together (> 0; teacher/queue_budget.h says how a request is counted:
+  // 4 bytes a token, 1 a loss-mask byte, 256 more). A request that would go
+  // over is answered SampleError RESOURCE_EXHAUSTED; its stream goes on.
+  // 256 MiB holds about 31,000 waiting 2k-token requests.
+  int64_t max_queued_request_bytes = int64_t{256} << 20;
   // How long a shm stream waits for the student to release ring space before
   // the stream ends with DEADLINE_EXCEEDED. The wait ends early when the
   // stream ends (cancelled, failed, server shutdown).
@@ -144,7 +151,11 @@ class TeacherCore final {
     int64_t sample_errors = 0;  // SampleErrors sent
     int64_t forward_calls = 0;  // runtime Forward calls
     int64_t queued_jobs = 0;    // samples waiting for the compute thread now
-    bool draining = false;      // StartDraining has run
+    // Bytes charged now, and at most since Create, for requests waiting for
+    // a credit (all streams; at most max_queued_request_bytes).
+    int64_t queued_request_bytes = 0;
+    int64_t queued_request_bytes_peak = 0;
+    bool draining = false;  // StartDraining has run
   };
   Stats stats() const;
 
@@ -154,6 +165,8 @@ class TeacherCore final {
   const TeacherServiceOptions options_;
   v1::DescribeResponse description_;
   int64_t max_tokens_ = 0;
+  // Before batcher_: the compute thread's jobs hold sessions that charge it.
+  std::unique_ptr<QueueBudget> queue_budget_;
   std::unique_ptr<ComputeBatcher> batcher_;
   StreamSessionConfig session_config_;  // shared by every session
 

@@ -187,6 +187,7 @@ struct ServeFlags {
   int64_t max_tokens = 0;
   int64_t batch_tokens = 8192;
   int64_t chunk_kib = 1024;
+  int64_t max_queued_mib = 256;  // TeacherServiceOptions::max_queued_request_bytes
   std::string nccl_device = "auto";
   double nccl_timeout_s = 60;
   double shutdown_timeout_s = 30;
@@ -218,6 +219,9 @@ void ExportTeacherMetrics(const TeacherCore::Stats& stats, TeacherCore::Stats& l
                       static_cast<double>(stats.sample_errors - last.sample_errors));
   registry.AddCounter("specstream_teacher_forward_calls_total", "Target forward calls", {},
                       static_cast<double>(stats.forward_calls - last.forward_calls));
+  registry.SetGauge("specstream_teacher_queued_request_bytes",
+                    "Bytes held by SampleRequests waiting for a credit (all streams)", {},
+                    static_cast<double>(stats.queued_request_bytes));
   last = stats;
 }
 
@@ -259,6 +263,10 @@ absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& 
 // the coordinator's address. RunServe runs it first; `serve
 // --check-config` runs only it (the Kubernetes manifest checks run each
 // overlay's flags through it). Returns a one-line summary.
+// --max-queued-mib's ceiling (1 TiB): far above any host, and its bytes fit
+// an int64_t.
+constexpr int64_t kMaxQueuedMib = int64_t{1} << 20;
+
 absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const ServeFlags& serve) {
   ASSIGN_OR_RETURN(const RuntimeSpec spec, flags.Spec(/*check_machine=*/false));
   RETURN_IF_ERROR(ParseHiddenDType("--payload-dtype", serve.payload_dtype).status());
@@ -272,6 +280,10 @@ absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const Se
   if (serve.batch_tokens < 1) return absl::InvalidArgumentError("--batch-tokens must be >= 1");
   if (serve.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
   if (serve.chunk_kib < 1) return absl::InvalidArgumentError("--chunk-kib must be >= 1");
+  if (serve.max_queued_mib < 1 || serve.max_queued_mib > kMaxQueuedMib) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-queued-mib: ", serve.max_queued_mib,
+                                                   " not in [1, ", kMaxQueuedMib, "]"));
+  }
   if (!serve.coordinator.empty()) {
     RETURN_IF_ERROR(SplitHostPort(serve.coordinator, "--coordinator").status());
   }
@@ -298,6 +310,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   options.service.max_tokens = serve.max_tokens;
   options.service.max_batch_tokens = serve.batch_tokens;
   options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
+  options.service.max_queued_request_bytes = serve.max_queued_mib << 20;
   options.service.nccl_device = nccl_device;
   options.service.nccl_timeout = absl::Seconds(serve.nccl_timeout_s);
   options.tls = serve.tls;
@@ -470,6 +483,9 @@ int main(int argc, char** argv) {
                         "Longest sample accepted (0: the model's max positions)");
   serve_cmd->add_option("--batch-tokens", serve.batch_tokens, "Padded tokens per forward");
   serve_cmd->add_option("--chunk-kib", serve.chunk_kib, "Payload chunk size in KiB");
+  serve_cmd->add_option("--max-queued-mib", serve.max_queued_mib,
+                        "MiB that SampleRequests waiting for a credit may hold over all streams "
+                        "(default 256); past it a request is refused RESOURCE_EXHAUSTED");
   serve_cmd->add_option("--nccl-device", serve.nccl_device,
                         "CUDA device of TRANSPORT_NCCL payloads: auto (the leader's GPU when "
                         "serving on CUDA, else device 0 when the build has NCCL and one is "

@@ -459,6 +459,7 @@ TEST_F(CoordinatorTest, DaemonsCheckTheirConfigWithoutStarting) {
       {"--payload-dtype float64", "--payload-dtype"},
       {"--coordinator no-port", "--coordinator"},
       {"--batch-tokens 0", "--batch-tokens"},
+      {"--max-queued-mib 0", "--max-queued-mib: 0 not in [1, 1048576]"},
   };
   for (const auto& [flags, reason] : bad_teachers) {
     EXPECT_EQ(RunTool(SPECSTREAM_TEACHER_PATH, teacher + flags + " --check-config"), 2) << flags;

@@ -3,13 +3,16 @@
 // proto alone that send no token, a wrong one, floods of them, garbage
 // bytes, or plaintext to a TLS port. Each case asserts the clear refusal and
 // that the teacher still answers Describe and the health check within 1 s.
+#include <algorithm>
 #include <atomic>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc/auth.h"
 #include "grpcpp/create_channel.h"
@@ -20,6 +23,7 @@
 #include "services/teacher/teacher_service.h"
 #include "specstream/v1/coordinator.pb.h"
 #include "specstream/v1/teacher.grpc.pb.h"
+#include "teacher/queue_budget.h"
 #include "tests/testing/fake_target_runtime.h"
 #include "tests/testing/grpc_health.h"
 #include "tests/testing/testing.h"
@@ -43,6 +47,7 @@ class HostileClientTest : public ::testing::Test {
  protected:
   void Start(teacher::TeacherServiceOptions::Authorizer authorize, TlsServerFiles tls = {}) {
     TeacherServerOptions options;
+    options.service = service_;
     options.service.authorize = std::move(authorize);
     options.tls = std::move(tls);
     auto server = TeacherServer::Start(runtime_, std::move(options));
@@ -102,6 +107,7 @@ class HostileClientTest : public ::testing::Test {
   }
 
   testing::FakeTargetRuntime runtime_;
+  teacher::TeacherServiceOptions service_;  // what Start serves with (its authorizer aside)
   std::unique_ptr<TeacherServer> server_;
 };
 
@@ -172,6 +178,159 @@ TEST_F(HostileClientTest, RepeatedRefusalsAreRateLimitedPerPeer) {
   EXPECT_EQ(limited.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << limited.message;
   EXPECT_NE(limited.message.find("refused attempts"), std::string::npos) << limited.message;
   EXPECT_EQ(testing::HealthCheck(server_->address(), absl::Seconds(1)), "SERVING");
+}
+
+// P13 item 18: eight streams each send 3,000 SampleRequests and never a
+// credit. Their waiting requests share one teacher-wide budget (1 MiB
+// here): the teacher holds no more than it, the requests over it are
+// answered SampleError RESOURCE_EXHAUSTED while the floods' streams go on, a
+// student that grants credit first is served meanwhile, Describe and the
+// health check answer within 1 s, and the budget is empty once the floods
+// half-close.
+TEST_F(HostileClientTest, AQueueFloodIsBoundedByOneTeacherWideBudget) {
+  constexpr int kStreams = 8;
+  constexpr int kRequests = 3000;
+  constexpr int kTokens = 64;
+  constexpr int64_t kBudget = int64_t{1} << 20;
+  constexpr int64_t kPerRequest = kTokens * 4 + teacher::kQueuedRequestOverheadBytes;
+  for (const int64_t bad : {int64_t{0}, int64_t{-1}}) {
+    TeacherServerOptions refused_options;
+    refused_options.service.max_queued_request_bytes = bad;
+    auto refused = TeacherServer::Start(runtime_, refused_options);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("max_queued_request_bytes"), std::string::npos)
+        << refused.status();
+  }
+  service_.max_queued_request_bytes = kBudget;
+  Start({});
+
+  auto sample = [](uint64_t request_id) {
+    v1::StreamRequest r;
+    r.mutable_sample()->set_request_id(request_id);
+    r.mutable_sample()->set_sample_id(static_cast<int64_t>(request_id));
+    for (int t = 0; t < kTokens; ++t) r.mutable_sample()->add_token_ids((t * 7 + 3) % 60);
+    return r;
+  };
+  struct Flood {
+    std::atomic<int> exhausted{0};
+    std::atomic<int> other_errors{0};
+    std::string last_message;  // the reader's, read after it is joined
+    bool wrote_all = false;
+    grpc::Status status;
+  };
+  std::vector<Flood> floods(kStreams);
+  absl::Notification half_close;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      Flood& flood = floods[i];
+      v1::TeacherService::Stub stub(Channel());
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+      auto stream = stub.StreamHiddenStates(&context);
+      std::thread reader([&] {
+        v1::StreamResponse response;
+        while (stream->Read(&response)) {
+          if (!response.has_error()) continue;
+          if (response.error().code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+            ++flood.exhausted;
+            flood.last_message = response.error().message();
+          } else {
+            ++flood.other_errors;
+          }
+        }
+      });
+      v1::StreamRequest open;
+      open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+      bool ok = stream->Write(open);
+      for (uint64_t id = 1; ok && id <= kRequests; ++id) ok = stream->Write(sample(id));
+      flood.wrote_all = ok;
+      half_close.WaitForNotification();
+      stream->WritesDone();
+      reader.join();
+      flood.status = stream->Finish();
+    });
+  }
+
+  // The clients end however the test does (an ASSERT returns early).
+  struct JoinClients {
+    absl::Notification& half_close;
+    std::vector<std::thread>& clients;
+    ~JoinClients() {
+      if (!half_close.HasBeenNotified()) half_close.Notify();
+      for (auto& client : clients) {
+        if (client.joinable()) client.join();
+      }
+    }
+  } join_clients{half_close, clients};
+
+  // Every request is either waiting (charged) or refused.
+  auto exhausted = [&] {
+    int64_t n = 0;
+    for (const Flood& f : floods) n += f.exhausted.load();
+    return n;
+  };
+  int64_t max_seen = 0;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        const int64_t queued = server_->core().stats().queued_request_bytes;
+        max_seen = std::max(max_seen, queued);
+        return exhausted() + queued / kPerRequest == int64_t{kStreams} * kRequests;
+      },
+      absl::Seconds(60)))
+      << exhausted() << " refused, " << server_->core().stats().queued_request_bytes << " bytes";
+  const teacher::TeacherCore::Stats held = server_->core().stats();
+  EXPECT_EQ(held.queued_request_bytes, kBudget) << "1 MiB is a whole number of 512-byte requests";
+  EXPECT_LE(held.queued_request_bytes_peak, kBudget);
+  EXPECT_LE(max_seen, kBudget);
+  EXPECT_EQ(exhausted(), int64_t{kStreams} * kRequests - kBudget / kPerRequest);
+  std::cout << "flood: " << kStreams << " x " << kRequests << " requests of " << kTokens
+            << " tokens; teacher holds " << held.queued_request_bytes << " bytes (peak "
+            << held.queued_request_bytes_peak << ", budget " << kBudget << "), " << exhausted()
+            << " refused; unbounded it would hold " << int64_t{kStreams} * kRequests * kPerRequest
+            << " bytes\n";
+  ExpectResponsive("");
+
+  // An honest student (credit first) gets its samples with the budget full.
+  {
+    v1::TeacherService::Stub stub(Channel());
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    auto stream = stub.StreamHiddenStates(&context);
+    v1::StreamRequest open;
+    open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+    v1::StreamRequest credit;
+    credit.mutable_credit()->set_n(2);
+    ASSERT_TRUE(stream->Write(open) && stream->Write(credit) && stream->Write(sample(1)) &&
+                stream->Write(sample(2)));
+    int headers = 0;
+    int errors = 0;
+    v1::StreamResponse response;
+    while (headers < 2 && errors == 0 && stream->Read(&response)) {
+      headers += response.has_header();
+      errors += response.has_error();
+    }
+    EXPECT_EQ(headers, 2);
+    EXPECT_EQ(errors, 0) << response.error().message();
+    context.TryCancel();
+    stream->Finish().IgnoreError();
+  }
+
+  half_close.Notify();
+  for (auto& client : clients) client.join();
+  for (int i = 0; i < kStreams; ++i) {
+    const Flood& f = floods[i];
+    EXPECT_TRUE(f.wrote_all) << i;
+    EXPECT_TRUE(f.status.ok()) << i << ": " << f.status.error_message();
+    EXPECT_GT(f.exhausted.load(), 0) << i;
+    EXPECT_EQ(f.other_errors.load(), 0) << i;
+    EXPECT_NE(f.last_message.find("--max-queued-mib"), std::string::npos) << f.last_message;
+  }
+  EXPECT_TRUE(testing::WaitUntil([&] { return server_->core().stats().queued_request_bytes == 0; },
+                                 absl::Seconds(10)))
+      << server_->core().stats().queued_request_bytes;
+  ExpectResponsive("");
 }
 
 // A StreamRequest that does not parse ends that stream INVALID_ARGUMENT;

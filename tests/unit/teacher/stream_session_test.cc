@@ -22,6 +22,7 @@
 #include "common/transport/contract.h"
 #include "common/transport/shm_ring.h"
 #include "gtest/gtest.h"
+#include "teacher/queue_budget.h"
 #include "tests/testing/fake_target_runtime.h"
 #include "tests/testing/loopback_channel.h"
 
@@ -298,6 +299,7 @@ class StreamSessionTest : public ::testing::Test {
 
   testing::FakeTargetRuntime runtime_;
   std::unique_ptr<ComputeBatcher> batcher_;
+  std::unique_ptr<QueueBudget> budget_;  // outlives every session
   StreamSessionConfig config_;
   std::unique_ptr<RecordingCall> call_;
   std::shared_ptr<StreamSession> session_;
@@ -406,6 +408,140 @@ TEST_F(StreamSessionTest, TooManyWaitingRequestsEndTheStream) {
   for (int i = 1; i <= 3; ++i) Request(i, i);
   ASSERT_TRUE(call_->AwaitFinished());
   EXPECT_EQ(call_->finished()->code(), absl::StatusCode::kResourceExhausted);
+}
+
+// P13 item 18: one budget for waiting requests over every stream. A request
+// the budget cannot take is refused alone (SampleError RESOURCE_EXHAUSTED,
+// the stream goes on); a stream that grants credit first is not charged;
+// submitting, cancelling, half-closing and draining each give the bytes back.
+TEST_F(StreamSessionTest, StreamsShareOneQueueBudgetAndARequestOverItIsRefused) {
+  StreamRequest probe;
+  for (int32_t id : Ids(1)) probe.mutable_sample()->add_token_ids(id);
+  const int64_t per_request = QueuedRequestBytes(probe.sample());
+  EXPECT_EQ(per_request, 40 * 4 + kQueuedRequestOverheadBytes);
+  budget_ = std::make_unique<QueueBudget>(4 * per_request);
+  config_.queue_budget = budget_.get();
+
+  struct Stream {
+    std::unique_ptr<RecordingCall> call = std::make_unique<RecordingCall>();
+    std::shared_ptr<StreamSession> session;
+  };
+  auto start = [&](const std::string& peer) {
+    Stream s;
+    s.session = std::make_shared<StreamSession>(config_, s.call.get(), peer);
+    s.call->Attach(s.session.get());
+    EXPECT_TRUE(s.session->Begin(absl::OkStatus()));
+    StreamRequest open;
+    open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+    s.session->OnRequest(open);
+    return s;
+  };
+  auto request = [](Stream& s, uint64_t request_id) {
+    StreamRequest r;
+    r.mutable_sample()->set_request_id(request_id);
+    r.mutable_sample()->set_sample_id(static_cast<int64_t>(request_id));
+    for (int32_t id : Ids(static_cast<int>(request_id))) r.mutable_sample()->add_token_ids(id);
+    s.session->OnRequest(r);
+  };
+  auto errors = [](Stream& s, size_t n) {
+    return s.call->Await([n](const std::vector<StreamMessage>& w, const auto& finished) {
+      return Decode(w).errors.size() >= n || finished.has_value();
+    });
+  };
+  auto end = [](Stream& s) {
+    EXPECT_TRUE(s.call->AwaitFinished());
+    int64_t sent = 0;
+    s.session->OnDone(&sent).IgnoreError();
+    s.call->Stop();
+  };
+
+  // Two floods without credit: the first has 3 waiting, the second 1; its
+  // other 2 are refused, and it is not ended.
+  Stream a = start("flood-a");
+  Stream b = start("flood-b");
+  for (uint64_t id = 1; id <= 3; ++id) request(a, id);
+  for (uint64_t id = 1; id <= 3; ++id) request(b, id);
+  EXPECT_EQ(budget_->used(), 4 * per_request);
+  ASSERT_TRUE(errors(b, 2));
+  Decoded db = Decode(b.call->written());
+  ASSERT_EQ(db.errors.size(), 2u);
+  for (uint64_t id : {2u, 3u}) {
+    ASSERT_EQ(db.errors.count(id), 1u) << id;
+    EXPECT_EQ(db.errors.at(id).code(), static_cast<int32_t>(absl::StatusCode::kResourceExhausted));
+    EXPECT_NE(db.errors.at(id).message().find("--max-queued-mib"), std::string::npos)
+        << db.errors.at(id).message();
+  }
+  EXPECT_FALSE(b.call->finished().has_value());
+  EXPECT_TRUE(Decode(a.call->written()).errors.empty());
+
+  // A student that grants credit before it asks is served with the budget full.
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  Open();
+  Credit(2);
+  Request(1, 1);
+  Request(2, 2);
+  ASSERT_TRUE(AwaitHeaders(2));
+  EXPECT_TRUE(Decode(call_->written()).errors.empty());
+  EXPECT_EQ(budget_->used(), 4 * per_request);
+
+  // A credit submits one of a's: its bytes return, and a refused id of b's
+  // may be sent again.
+  {
+    StreamRequest credit;
+    credit.mutable_credit()->set_n(1);
+    a.session->OnRequest(credit);
+  }
+  ASSERT_TRUE(a.call->Await([](const std::vector<StreamMessage>& w, const auto&) {
+    return Decode(w).headers.size() == 1;
+  }));
+  EXPECT_EQ(budget_->used(), 3 * per_request);
+  request(b, 2);
+  EXPECT_EQ(budget_->used(), 4 * per_request);
+  EXPECT_EQ(Decode(b.call->written()).errors.size(), 2u);
+
+  // Every end gives the rest back: a drained stream answers its waiting
+  // requests UNAVAILABLE, a cancelled one drops them, and so does a
+  // half-closed one.
+  Stream c = start("flood-c");
+  request(c, 7);  // refused: the budget is full
+  ASSERT_TRUE(errors(c, 1));
+  b.session->Drain();
+  end(b);
+  db = Decode(b.call->written());
+  for (uint64_t id : {1u, 2u}) {
+    EXPECT_EQ(db.errors.at(id).code(), static_cast<int32_t>(absl::StatusCode::kUnavailable)) << id;
+  }
+  EXPECT_EQ(b.call->finished()->code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(budget_->used(), 2 * per_request);
+  request(c, 8);  // fits now
+  EXPECT_EQ(budget_->used(), 3 * per_request);
+  a.session->OnCancel();
+  end(a);
+  EXPECT_EQ(budget_->used(), per_request);
+  c.session->OnReadsDone();
+  end(c);
+  EXPECT_EQ(c.call->finished()->code(), absl::StatusCode::kOk);
+  EXPECT_EQ(budget_->used(), 0);
+  EXPECT_EQ(budget_->peak(), 4 * per_request);
+}
+
+// A student that is refused and never reads cannot pile up SampleErrors:
+// past max_queued_requests unwritten responses its stream ends.
+TEST_F(StreamSessionTest, RefusalsThatAreNeverReadEndTheStream) {
+  Configure(/*max_samples_per_stream=*/8, /*max_queued_requests=*/2);
+  budget_ = std::make_unique<QueueBudget>(1);  // every waiting request is refused
+  config_.queue_budget = budget_.get();
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  call_->Pause(true);
+  Open();
+  for (int i = 1; i <= 3; ++i) Request(i, i);
+  EXPECT_EQ(budget_->used(), 0);
+  call_->Pause(false);
+  ASSERT_TRUE(call_->AwaitFinished());
+  EXPECT_EQ(call_->finished()->code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(call_->finished()->message().find("read the stream"), std::string::npos)
+      << call_->finished()->message();
+  EXPECT_LE(Decode(call_->written()).errors.size(), 2u);
 }
 
 TEST_F(StreamSessionTest, AFailedForwardFailsOnlyItsSample) {
