@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/chat_template.h"
@@ -24,6 +28,20 @@ bool SameRows(const RowRange& a, const RowRange& b) {
   return a.begin == b.begin && a.end == b.end && a.halo_end == b.halo_end;
 }
 
+ModelContract ContractOf(const v1::DescribeResponse& response) {
+  ModelContract model;
+  model.model_type = response.model_type();
+  model.hidden_size = response.hidden_size();
+  model.vocab_size = response.vocab_size();
+  model.num_layers = response.num_layers();
+  model.capture_layer_ids.assign(response.capture_layer_ids().begin(),
+                                 response.capture_layer_ids().end());
+  return model;
+}
+
+// Seconds for logs and messages ("60", "0.5").
+std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d)); }
+
 }  // namespace
 
 class OnlineSource::Impl final : public TeacherStreamEvents {
@@ -38,6 +56,20 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     absl::StatusOr<TrainingSample> sample = absl::UnavailableError("pending");
     bool ready = false;
     bool delivered = false;  // handed to the trainer; awaiting Commit
+    bool parked = false;     // waiting in parked_ for a teacher to come back
+  };
+
+  // A teacher a stream was opened to, and its reconnection state.
+  struct Teacher {
+    // Being reconnected to (its stream was lost, its grace lasts).
+    bool reconnecting = false;
+    // When it was lost; kept across reconnections until a payload arrives
+    // from it again (so a teacher whose new streams keep dying is still
+    // given up when its grace ends). InfiniteFuture while healthy.
+    absl::Time lost_since = absl::InfiniteFuture();
+    absl::Time next_try;
+    absl::Duration backoff;
+    int attempts = 0;  // since lost_since
   };
 
   explicit Impl(OnlineSourceOptions options) : options_(std::move(options)) {}
@@ -46,6 +78,12 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     {
       std::lock_guard<std::mutex> lock(mu_);
       closing_ = true;
+    }
+    // The reconnector adds no stream once closing_ is set.
+    reconnect_cv_.notify_all();
+    if (reconnector_.joinable()) reconnector_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       for (auto& stream : streams_) {
         if (stream->alive()) stream->Cancel();
       }
@@ -78,6 +116,9 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     if (options_.in_flight < 1) {
       return absl::InvalidArgumentError("data.in_flight must be >= 1");
     }
+    if (options_.teacher_grace < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("data.teacher_grace_s must be >= 0");
+    }
     // Describe every teacher; they must serve the same model.
     std::vector<std::string> errors;
     for (size_t i = 0; i < options_.teachers.size(); ++i) {
@@ -93,13 +134,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
         continue;
       }
       const v1::DescribeResponse& response = *described;
-      ModelContract model;
-      model.model_type = response.model_type();
-      model.hidden_size = response.hidden_size();
-      model.vocab_size = response.vocab_size();
-      model.num_layers = response.num_layers();
-      model.capture_layer_ids.assign(response.capture_layer_ids().begin(),
-                                     response.capture_layer_ids().end());
+      const ModelContract model = ContractOf(response);
       if (streams_.empty()) {
         model_ = model;
         max_tokens_ = response.max_tokens();
@@ -110,13 +145,14 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       }
       TeacherStreamOptions stream_options = options_.stream;
       stream_options.rank = options_.rank;
-      stream_options.stream_index = static_cast<int>(streams_.size());
+      stream_options.stream_index = next_stream_index_++;
       ASSIGN_OR_RETURN(
           std::unique_ptr<Stream> stream,
           options_.connector->NewStream(address, response, stream_options, mu_, *this));
       SS_LOG_INFO("online: teacher {} on host {}: payloads {} (data.transport {})", address,
                   response.hostname(), v1::Transport_Name(stream->transport()),
                   options_.stream.transport);
+      teachers_[address] = Teacher();
       streams_.push_back(std::move(stream));
     }
     if (streams_.empty()) {
@@ -134,6 +170,9 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& stream : streams_) stream->Start(options_.in_flight);
+    }
+    if (options_.teacher_grace > absl::ZeroDuration()) {
+      reconnector_ = std::thread([this] { ReconnectLoop(); });
     }
     if (!options_.ledger.empty()) {
       ASSIGN_OR_RETURN(ledger_, Ledger::Open(options_.ledger, options_.rank));
@@ -188,7 +227,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     if (Empty(index, wanted)) return;
     const RowRange rows = Clip(index, wanted);
     Slot& slot = slots_[index];
-    if ((slot.request_id != 0 || slot.ready) && SameRows(slot.rows, rows)) return;
+    if ((slot.request_id != 0 || slot.ready || slot.parked) && SameRows(slot.rows, rows)) return;
     if (slot.request_id != 0) requests_.erase(slot.request_id);
     slot = Slot();
     slot.rows = rows;
@@ -205,7 +244,15 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     }
     ++next_stream_;
     if (stream == nullptr) {
-      slot.sample = absl::UnavailableError("every teacher is gone");
+      if (!closing_ && gone_.ok() && options_.teacher_grace > absl::ZeroDuration()) {
+        // A lost teacher may come back within its grace: the sample waits
+        // for it (Unpark), or fails with the rest when none will
+        // (FailParkedIfEveryTeacherIsGone, after every loss and give-up).
+        slot.parked = true;
+        parked_.push_back(index);
+        return;
+      }
+      slot.sample = gone_.ok() ? GoneError() : gone_;
       slot.ready = true;
       cv_.notify_all();
       return;
@@ -239,6 +286,12 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     Slot& slot = slots_[it->second];
     requests_.erase(it);
     slot.request_id = 0;
+    if (slot.stream != nullptr) {
+      // Its teacher serves again: a later loss starts a new grace.
+      Teacher& teacher = teachers_[slot.stream->address()];
+      teacher.lost_since = absl::InfiniteFuture();
+      teacher.attempts = 0;
+    }
     slot.sample = Decode(it->second, slot.rows, contract, row_begin, payload);
     slot.ready = true;
     cv_.notify_all();
@@ -275,8 +328,11 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     cv_.notify_all();
   }
 
-  // Every outstanding request of a lost stream goes to another teacher.
+  // Every outstanding request of a lost stream goes to another teacher (or,
+  // with none live, waits for one to come back). The teacher is reconnected
+  // to while its grace lasts.
   void StreamLost(Stream* stream) override {
+    StartReconnecting(stream->address());
     std::vector<uint64_t> lost;
     for (const auto& [request_id, index] : requests_) {
       // A payload the stream's NCCL receiver still takes is not lost.
@@ -288,7 +344,191 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       Failed(request_id,
              absl::UnavailableError(absl::StrCat("teacher ", stream->address(), " is gone")));
     }
+    FailParkedIfEveryTeacherIsGone(GoneError());
     cv_.notify_all();
+  }
+
+  // --- Reconnection (under mu_ unless said otherwise) ---
+  bool AnyLive() const {
+    for (const auto& stream : streams_) {
+      if (stream->alive()) return true;
+    }
+    return false;
+  }
+  bool LiveTo(const std::string& address) const {
+    for (const auto& stream : streams_) {
+      if (stream->alive() && stream->address() == address) return true;
+    }
+    return false;
+  }
+  bool Reconnecting() const {
+    for (const auto& [address, teacher] : teachers_) {
+      if (teacher.reconnecting) return true;
+    }
+    return false;
+  }
+
+  absl::Status GoneError() const {
+    return absl::UnavailableError(
+        absl::StrCat("every teacher is gone for more than data.teacher_grace_s = ",
+                     Seconds(options_.teacher_grace), " s"));
+  }
+
+  // `d` jittered by +-20% (so that ranks do not retry in lockstep).
+  absl::Duration Jittered(absl::Duration d) {
+    std::uniform_real_distribution<double> factor(0.8, 1.2);
+    return d * factor(random_);
+  }
+
+  // Schedules a lost teacher's reconnection, unless it has no grace left.
+  void StartReconnecting(const std::string& address) {
+    if (closing_ || !gone_.ok() || options_.teacher_grace <= absl::ZeroDuration()) return;
+    Teacher& teacher = teachers_[address];
+    if (teacher.reconnecting || LiveTo(address)) return;
+    const absl::Time now = absl::Now();
+    if (teacher.lost_since == absl::InfiniteFuture()) {
+      teacher.lost_since = now;
+      teacher.backoff = options_.reconnect_backoff;
+      teacher.attempts = 0;
+    }
+    const absl::Duration left = teacher.lost_since + options_.teacher_grace - now;
+    if (left <= absl::ZeroDuration()) {
+      SS_LOG_WARN("online: teacher {} lost again, past data.teacher_grace_s = {} s; given up",
+                  address, Seconds(options_.teacher_grace));
+      return;
+    }
+    teacher.reconnecting = true;
+    teacher.next_try = now + Jittered(teacher.backoff);
+    SS_LOG_WARN("online: teacher {} lost; reconnecting (grace {} s left)", address,
+                absl::StrFormat("%.1f", absl::ToDoubleSeconds(left)));
+    reconnect_cv_.notify_all();
+  }
+
+  // Stops reconnecting to a teacher (`why`, logged); with no teacher live
+  // or coming back, the waiting samples fail with `job_error`.
+  void GiveUp(const std::string& address, const absl::Status& why, const absl::Status& job_error) {
+    teachers_[address].reconnecting = false;
+    SS_LOG_WARN("online: teacher {} given up: {}", address, why.ToString());
+    FailParkedIfEveryTeacherIsGone(job_error);
+  }
+
+  // With no teacher live or coming back, every waiting sample fails with
+  // `why`, and so does every later one (gone_).
+  void FailParkedIfEveryTeacherIsGone(const absl::Status& why) {
+    if (AnyLive() || Reconnecting() || closing_) return;
+    if (gone_.ok()) gone_ = why;
+    for (int64_t index : std::exchange(parked_, {})) {
+      auto it = slots_.find(index);
+      if (it == slots_.end() || !it->second.parked) continue;
+      it->second.parked = false;
+      it->second.sample = gone_;
+      it->second.ready = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Requests the samples that waited for a teacher, in the order they were
+  // parked (each once: a slot re-requested meanwhile is no longer parked).
+  void Unpark() {
+    for (int64_t index : std::exchange(parked_, {})) {
+      auto it = slots_.find(index);
+      if (it == slots_.end() || !it->second.parked) continue;
+      it->second.parked = false;
+      Send(index, it->second);
+    }
+  }
+
+  // Describe (the same model as the others), then a new stream. Without mu_.
+  absl::StatusOr<std::unique_ptr<Stream>> Connect(const std::string& address,
+                                                  absl::Duration timeout, int stream_index) {
+    ASSIGN_OR_RETURN(v1::DescribeResponse response, options_.connector->Describe(address, timeout));
+    const ModelContract model = ContractOf(response);
+    if (const std::string field = model_.FirstDifference(model); !field.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("teacher ", address, " came back serving ", model.ToJson().dump(),
+                       " but the job trains on ", model_.ToJson().dump(), " (", field, ")"));
+    }
+    TeacherStreamOptions stream_options = options_.stream;
+    stream_options.rank = options_.rank;
+    stream_options.stream_index = stream_index;
+    return options_.connector->NewStream(address, response, stream_options, mu_, *this);
+  }
+
+  // The reconnector thread: retries lost teachers when due, gives up on
+  // those past their grace. Holds mu_ except while connecting.
+  void ReconnectLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!closing_) {
+      const absl::Time now = absl::Now();
+      std::string due;
+      absl::Time wake = absl::InfiniteFuture();
+      for (auto& [address, teacher] : teachers_) {
+        if (!teacher.reconnecting) continue;
+        const absl::Time expiry = teacher.lost_since + options_.teacher_grace;
+        if (now >= expiry) {
+          GiveUp(address,
+                 absl::UnavailableError(absl::StrCat(
+                     "not back within data.teacher_grace_s = ", Seconds(options_.teacher_grace),
+                     " s (", teacher.attempts, " attempts)")),
+                 GoneError());
+          continue;
+        }
+        if (due.empty() && teacher.next_try <= now) due = address;
+        wake = std::min({wake, teacher.next_try, expiry});
+      }
+      if (due.empty()) {
+        if (wake == absl::InfiniteFuture()) {
+          reconnect_cv_.wait(lock);
+        } else {
+          reconnect_cv_.wait_until(lock, absl::ToChronoTime(wake));
+        }
+        continue;
+      }
+      Teacher& teacher = teachers_[due];
+      ++teacher.attempts;
+      const absl::Duration left = teacher.lost_since + options_.teacher_grace - now;
+      const absl::Duration timeout = std::min(
+          {options_.stream.connect_timeout, std::max(absl::Seconds(1), teacher.backoff), left});
+      const int stream_index = next_stream_index_++;
+      lock.unlock();
+      absl::StatusOr<std::unique_ptr<Stream>> stream = Connect(due, timeout, stream_index);
+      lock.lock();
+      Teacher& again = teachers_[due];  // (teachers_ only grows here and in Init)
+      if (closing_) {
+        lock.unlock();
+        stream = absl::CancelledError("closing");  // destroyed without mu_
+        return;
+      }
+      if (!stream.ok()) {
+        const absl::StatusCode code = stream.status().code();
+        if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded &&
+            code != absl::StatusCode::kResourceExhausted && code != absl::StatusCode::kAborted &&
+            code != absl::StatusCode::kUnknown) {
+          // Another model or a transport the pair cannot use
+          // (FAILED_PRECONDITION), a refused token: no retry changes that.
+          GiveUp(due, stream.status(), stream.status());
+          continue;
+        }
+        const absl::Time failed = absl::Now();
+        again.backoff = std::min(again.backoff * 2, options_.reconnect_max_backoff);
+        again.next_try = failed + Jittered(again.backoff);
+        const absl::Duration grace_left = again.lost_since + options_.teacher_grace - failed;
+        SS_LOG_INFO("online: teacher {} not back (attempt {}): {}; grace {} s left", due,
+                    again.attempts, stream.status().ToString(),
+                    absl::StrFormat("%.1f", absl::ToDoubleSeconds(grace_left)));
+        continue;
+      }
+      again.reconnecting = false;
+      ++reconnects_;
+      (*stream)->Start(std::max(options_.in_flight, reserved_));
+      SS_LOG_INFO(
+          "online: teacher {} is back (attempt {}, payloads {}); {} waiting samples "
+          "re-requested",
+          due, again.attempts, v1::Transport_Name((*stream)->transport()), parked_.size());
+      streams_.push_back(*std::move(stream));
+      Unpark();
+      cv_.notify_all();
+    }
   }
 
   // The payload's tensors as a TrainingSample, converted exactly as
@@ -352,14 +592,16 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     if (Empty(index, rows)) return EmptyRows(index, rows);
     std::unique_lock<std::mutex> lock(mu_);
     Want(index, rows);
-    const absl::Time deadline = absl::Now() + options_.stream.sample_timeout;
+    // A sample may also wait out a teacher's grace.
+    const absl::Time deadline =
+        absl::Now() + options_.stream.sample_timeout + options_.teacher_grace;
     Slot* slot = &slots_[index];
     while (!slot->ready) {
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
           !slot->ready) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("sample ", index, " did not arrive within ",
-                         absl::FormatDuration(options_.stream.sample_timeout)));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "sample ", index, " did not arrive within ",
+            absl::FormatDuration(options_.stream.sample_timeout + options_.teacher_grace)));
       }
       slot = &slots_[index];
     }
@@ -409,6 +651,18 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   std::map<uint64_t, int64_t> requests_;  // outstanding request id -> index
   int64_t refetches_ = 0;
   bool closing_ = false;
+
+  // Reconnection (under mu_).
+  std::map<std::string, Teacher> teachers_;  // by address: those a stream was opened to
+  std::deque<int64_t> parked_;               // samples waiting for a teacher to come back, in order
+  // Set once every teacher is gone for good: what every later sample fails with.
+  absl::Status gone_;
+  int64_t reserved_ = 0;  // the most credits ReserveOutstanding asked for
+  int next_stream_index_ = 0;
+  int64_t reconnects_ = 0;
+  std::mt19937_64 random_{std::random_device{}()};
+  std::condition_variable reconnect_cv_;
+  std::thread reconnector_;  // ReconnectLoop, while teacher_grace > 0
 };
 
 OnlineSource::OnlineSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -457,6 +711,7 @@ absl::Status OnlineSource::TokenIds(int64_t index, std::vector<int32_t>* ids,
 
 void OnlineSource::ReserveOutstanding(int64_t samples) {
   std::lock_guard<std::mutex> lock(impl_->mu_);
+  impl_->reserved_ = std::max(impl_->reserved_, samples);  // for streams opened later
   for (auto& stream : impl_->streams_) {
     if (stream->alive()) stream->GrantUpTo(samples);
   }
@@ -476,6 +731,11 @@ absl::Status OnlineSource::Commit(int64_t step, const std::vector<int64_t>& indi
 int64_t OnlineSource::refetches() const {
   std::lock_guard<std::mutex> lock(impl_->mu_);
   return impl_->refetches_;
+}
+
+int64_t OnlineSource::reconnects() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->reconnects_;
 }
 
 }  // namespace specstream::student

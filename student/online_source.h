@@ -18,6 +18,18 @@
 // and appends a line to the rank's ledger (JSONL: {"step", "rank",
 // "sample_ids"}), so the ledger lists every trained sample exactly once.
 //
+// Reconnection (data.teacher_grace_s): a teacher whose stream is lost (a
+// rolling restart, a crash) is reconnected to at the same address —
+// Describe, which must show the same model, then a new stream — with
+// capped exponential backoff and jitter, for `teacher_grace` from the
+// moment it was lost (each teacher has its own grace). Meanwhile its lost
+// samples go to the other live teachers; when none is live they wait
+// (parked, in request order) and are requested again, once each, from the
+// first teacher back. Only when no teacher is live and no lost one is still
+// within its grace — `teacher_grace` after the last live teacher was lost —
+// do waiting samples fail (UNAVAILABLE, naming data.teacher_grace_s).
+// Teachers that did not answer at Open are not retried.
+//
 // How bytes travel is not this file's business: the streams come from a
 // TeacherConnector (student/teacher_connection.h; the gRPC one is
 // services/student/grpc_teacher_connection.h), which reports whole, verified
@@ -25,7 +37,9 @@
 //
 // Thread-safety: the SampleSource methods are called from the training
 // thread; the streams report on their own threads, under the source's one
-// mutex (the locking contract of teacher_connection.h).
+// mutex (the locking contract of teacher_connection.h). With a grace, one
+// reconnector thread (owned, joined by the destructor) Describes and opens
+// streams without the mutex and starts them with it held.
 #ifndef SPECSTREAM_STUDENT_ONLINE_SOURCE_H_
 #define SPECSTREAM_STUDENT_ONLINE_SOURCE_H_
 
@@ -50,9 +64,18 @@ struct OnlineSourceOptions {
   int rank = 0;           // trainer rank (spreads ranks over teachers; ledger name)
   int64_t in_flight = 8;  // samples outstanding per teacher stream (credits)
   std::string ledger;     // ledger file (JSONL, appended); empty: none
+  // How long a lost teacher is reconnected to (data.teacher_grace_s);
+  // zero: a lost teacher is given up at once (with no other live teacher,
+  // samples fail at once). Backoff between attempts: from
+  // `reconnect_backoff` doubling to `reconnect_max_backoff`, each delay
+  // jittered by +-20%.
+  absl::Duration teacher_grace = absl::Seconds(60);
+  absl::Duration reconnect_backoff = absl::Milliseconds(100);
+  absl::Duration reconnect_max_backoff = absl::Seconds(5);
   // How each teacher stream is made: transport, device, token, timeouts
   // (teacher_connection.h). Its rank and stream_index are set by the source;
-  // stream.sample_timeout bounds one sample across failovers.
+  // stream.sample_timeout bounds one sample across failovers (plus
+  // teacher_grace, which it may spend waiting for a teacher to come back).
   TeacherStreamOptions stream;
 };
 
@@ -79,6 +102,8 @@ class OnlineSource final : public SampleSource {
 
   // Samples re-requested after a teacher failure or a checksum mismatch.
   int64_t refetches() const;
+  // Streams opened again to a lost teacher within its grace.
+  int64_t reconnects() const;
 
   class Impl;
 

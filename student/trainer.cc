@@ -67,6 +67,9 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.tokenized = spec.data().tokenized();
   c.teachers.assign(spec.data().teachers().begin(), spec.data().teachers().end());
   c.in_flight = spec.data().in_flight() > 0 ? spec.data().in_flight() : 8;
+  if (spec.data().has_teacher_grace_s()) {
+    c.teacher_grace = absl::Seconds(spec.data().teacher_grace_s());
+  }
   c.ledger_dir = spec.data().ledger_dir();
   if (!spec.data().transport().empty()) c.transport = spec.data().transport();
   c.target_dir = spec.model().target();
@@ -141,6 +144,7 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSampleSource(const TrainerConf
   online.connector = c.teacher_connector;
   online.rank = rank;
   online.in_flight = c.in_flight;
+  online.teacher_grace = c.teacher_grace;
   online.stream.transport = c.transport;
   online.stream.device = c.device;
   online.stream.token = c.job_token;

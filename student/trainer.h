@@ -36,6 +36,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/torch/compat.h"
 #include "common/transport/payload_channel.h"
 #include "specstream/v1/job.pb.h"
@@ -57,7 +58,10 @@ struct TrainerConfig {
   // the teacher daemons computing their hidden states.
   std::string tokenized;
   std::vector<std::string> teachers;
-  int64_t in_flight = 8;           // samples outstanding per teacher stream
+  int64_t in_flight = 8;  // samples outstanding per teacher stream
+  // data.teacher_grace_s: how long lost teachers are reconnected to
+  // (OnlineSourceOptions::teacher_grace).
+  absl::Duration teacher_grace = absl::Seconds(60);
   std::string transport = "auto";  // auto | inline | shm | nccl (TeacherStreamOptions)
   std::string ledger_dir;          // ledger-rank<r>.jsonl of trained samples; empty: none
   std::string job_token;           // bearer token for teacher streams (coordinator jobs)

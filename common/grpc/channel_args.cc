@@ -41,6 +41,11 @@ grpc::ChannelArguments TeacherChannelArguments() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kBulkStreamLookaheadBytes);
+  // A restarted teacher (data.teacher_grace_s) is reached again within
+  // about the online source's own backoff, not gRPC's default (1 s growing
+  // to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   return args;
 }
 

@@ -43,8 +43,8 @@ void AddServerArguments(grpc::ServerBuilder& builder,
                         const std::vector<std::pair<const char*, int>>& arguments);
 
 // A student's channel to a teacher: no receive limit (payload chunks are as
-// large as the teacher says), keepalive every 20 s (10 s timeout), and the
-// bulk stream window.
+// large as the teacher says), keepalive every 20 s (10 s timeout), the bulk
+// stream window, and reconnection backoff from 0.1 s up to 5 s.
 grpc::ChannelArguments TeacherChannelArguments();
 
 // A daemon's channel to the coordinator: reconnect backoff of 200 ms to 1 s

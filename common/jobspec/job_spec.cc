@@ -235,6 +235,12 @@ absl::Status ValidateData(v1::DataSpec& data) {
   }
   RETURN_IF_ERROR(RequireAtMost(data.in_flight(), kMaxInFlight, "data.in_flight"));
   if (data.in_flight() == 0) data.set_in_flight(8);
+  if (!data.has_teacher_grace_s()) data.set_teacher_grace_s(kDefaultTeacherGraceSeconds);
+  if (!(data.teacher_grace_s() >= 0) || data.teacher_grace_s() > kMaxTeacherGraceSeconds) {
+    return FieldError("data.teacher_grace_s",
+                      absl::StrCat("must be in [0, ", kMaxTeacherGraceSeconds, "] seconds, got ",
+                                   data.teacher_grace_s()));
+  }
   return RequireNonNegative(data.max_length(), "data.max_length");
 }
 

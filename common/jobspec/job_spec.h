@@ -43,6 +43,9 @@ inline constexpr int64_t kMaxWorldSize = 65536;
 // Upper bounds of counts that are narrowed on the way (stream credits, the
 // job store's 32-bit columns, the checkpoint manager's int).
 inline constexpr int64_t kMaxInFlight = 65536;
+// data.teacher_grace_s: how long lost teachers are reconnected to.
+inline constexpr double kDefaultTeacherGraceSeconds = 60;
+inline constexpr double kMaxTeacherGraceSeconds = 86400;
 // A job spec's size limit, checked before anything is parsed (the CLI and
 // the coordinator both parse with JobYamlToJson).
 inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;

@@ -472,6 +472,86 @@ TEST_F(OnlineTest, KilledTeacherMidEpochEverySampleTrainedExactlyOnce) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
+// P13 item 8: the only teacher dies with SIGKILL mid-run, requests
+// unanswered, and a new one starts on its port half a second later (a crash
+// and restart, a rolling update): the trainer waits within
+// data.teacher_grace_s, requests the lost samples again from the new
+// teacher, and trains exactly as uninterrupted.
+TEST_F(OnlineTest, OnlyTeacherKilledAndRestartedOnItsPortTrainsAsIfUninterrupted) {
+  const std::string port_file = dir_->Join("teacher-restarted.port");
+  auto serve = [&](const std::string& port) {
+    std::filesystem::remove(port_file);
+    return Spawn({SPECSTREAM_TEACHER_PATH, "serve", "--model", dir_->Join("target"), "--runtime",
+                  "hf", "--devices", "cpu", "--port", port, "--dtype", "float32", "--payload-dtype",
+                  "float32", "--keep-target-ids", "--batch-tokens", "1", "--port-file", port_file});
+  };
+  pid_t pid = serve("0");
+  const std::string address = WaitForPortFile(port_file);
+  ASSERT_FALSE(address.empty()) << "the teacher did not start";
+  const std::string port = address.substr(address.rfind(':') + 1);
+
+  TrainerConfig c = Online({address});
+  c.max_steps = 0;
+  c.epochs = 1;  // 6 steps of 4
+  c.in_flight = 4;
+  c.teacher_grace = absl::Seconds(60);
+  c.ledger_dir = dir_->Join("ledger-restarted");
+  std::filesystem::remove_all(c.ledger_dir);
+  auto online = Trainer::Create(c, 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(2).ok());
+  // The teacher freezes (what the trainer asks next stays unanswered), dies
+  // with SIGKILL, and is back on its port 0.5 s later.
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  int status = 0;
+  std::string restarted_address;
+  std::thread restarter([&] {
+    // Not waits: the teacher stays frozen 0.5 s, then down 0.5 s.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    pid = serve(port);
+    restarted_address = WaitForPortFile(port_file);
+  });
+  const absl::Status run = (*online)->Run();
+  restarter.join();
+  ASSERT_EQ(restarted_address, address) << "the teacher did not come back on its port";
+  ASSERT_TRUE(run.ok()) << run;
+  EXPECT_EQ((*online)->step(), 6);
+  auto* source = dynamic_cast<OnlineSource*>(&(*online)->source());
+  ASSERT_NE(source, nullptr);
+  EXPECT_EQ(source->reconnects(), 1);
+  EXPECT_GT(source->refetches(), 0);  // the frozen teacher's samples
+  std::cout << "samples re-requested from the restarted teacher: " << source->refetches() << "\n";
+
+  // Every sample of the epoch trained exactly once.
+  std::map<int64_t, int> trained;
+  std::ifstream ledger(c.ledger_dir + "/ledger-rank0.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(ledger, line);) {
+    ++steps;
+    const nlohmann::json record = nlohmann::json::parse(line);
+    for (int64_t id : record["sample_ids"]) ++trained[id];
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(static_cast<int>(trained.size()), kSamples);
+  for (const auto& [id, count] : trained) EXPECT_EQ(count, 1) << "sample " << id;
+
+  // The same weights as an uninterrupted run (offline == online, bitwise).
+  TrainerConfig o = Offline();
+  o.max_steps = 0;
+  o.epochs = 1;
+  auto offline = Trainer::Create(o, 0, 1, {});
+  ASSERT_TRUE(offline.ok());
+  ASSERT_TRUE((*offline)->Run().ok());
+  ExpectSameTraining(**online, **offline);
+
+  kill(pid, SIGTERM);
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 }  // namespace
 // Payloads over real NCCL (GPU builds with a CUDA device): a `specstream-
 // teacher serve --nccl-device` process and this student train exactly as

@@ -30,6 +30,7 @@ struct FakeTeacherConnector::Teacher {
   std::vector<int64_t> acks;
   int64_t max_outstanding = 0;
   int64_t answers = 0;
+  int64_t describes = 0;
 };
 
 // A stream answers its requests in order on its own thread, at most
@@ -226,8 +227,9 @@ absl::StatusOr<v1::DescribeResponse> FakeTeacherConnector::Describe(const std::s
   if (teachers_.find(address) == teachers_.end()) {
     return absl::UnavailableError(absl::StrCat(address, ": no teacher there"));
   }
-  const Teacher& teacher = TeacherAt(address);
+  Teacher& teacher = TeacherAt(address);
   absl::MutexLock lock(&mu_);
+  ++teacher.describes;
   if (teacher.down || teacher.killed) {
     return absl::UnavailableError(absl::StrCat(address, ": teacher is down"));
   }
@@ -274,6 +276,13 @@ void FakeTeacherConnector::Kill(const std::string& address) {
   teacher.killed = true;
 }
 
+void FakeTeacherConnector::Restart(const std::string& address) {
+  Teacher& teacher = TeacherAt(address);
+  absl::MutexLock lock(&mu_);
+  teacher.killed = false;
+  teacher.down = false;
+}
+
 void FakeTeacherConnector::FailNext(const std::string& address, absl::Status status) {
   Teacher& teacher = TeacherAt(address);
   absl::MutexLock lock(&mu_);
@@ -314,6 +323,20 @@ int64_t FakeTeacherConnector::answers(const std::string& address) const {
   const Teacher& teacher = TeacherAt(address);
   absl::MutexLock lock(&mu_);
   return teacher.answers;
+}
+
+int64_t FakeTeacherConnector::describes(const std::string& address) const {
+  const Teacher& teacher = TeacherAt(address);
+  absl::MutexLock lock(&mu_);
+  return teacher.describes;
+}
+
+bool FakeTeacherConnector::AwaitDescribes(const std::string& address, int64_t n,
+                                          absl::Duration timeout) const {
+  const Teacher& teacher = TeacherAt(address);
+  absl::MutexLock lock(&mu_);
+  auto described = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return teacher.describes >= n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&described), timeout);
 }
 
 bool FakeTeacherConnector::AwaitAnswers(const std::string& address, int64_t n,

@@ -5,8 +5,8 @@
 // fake_target_runtime.h), packs them with the teacher's own SampleTensors
 // and contract code, and answers each stream's requests in order on that
 // stream's thread, within its credits. Faults on cue: a teacher down at
-// Describe, killed (its streams end), failing or corrupting its next
-// answer, or held (answers wait).
+// Describe, killed (its streams end), restarted on the same address,
+// failing or corrupting its next answer, or held (answers wait).
 //
 // Streams negotiate "auto" and "inline" only (payloads are host tensors).
 // Thread-safety: every method may be called from any thread; streams keep
@@ -56,8 +56,11 @@ class FakeTeacherConnector final : public student::TeacherConnector {
   // `address` serves another model (hidden size + 1) from now on.
   void ServeAnotherModel(const std::string& address);
   // Every open stream of `address` ends now; what it had not answered is
-  // lost. Later streams to it end at once.
+  // lost. Later streams to it end at once, and its Describe fails.
   void Kill(const std::string& address);
+  // A killed or down teacher serves again (a restart on the same address):
+  // Describe answers and new streams work.
+  void Restart(const std::string& address);
   // The next request `address` answers fails with `status` (a SampleError).
   void FailNext(const std::string& address, absl::Status status);
   // The next payload of `address` has one byte flipped after its checksum.
@@ -76,6 +79,11 @@ class FakeTeacherConnector final : public student::TeacherConnector {
   int64_t max_outstanding(const std::string& address) const;
   // Answers `address` has sent (payloads and errors).
   int64_t answers(const std::string& address) const;
+  // Describe calls `address` received (answered or not).
+  int64_t describes(const std::string& address) const;
+  // Waits until `address` has received at least `n` Describe calls; false
+  // past `timeout`.
+  bool AwaitDescribes(const std::string& address, int64_t n, absl::Duration timeout) const;
   // Waits until `address` has sent at least `n` answers; false past
   // `timeout`.
   bool AwaitAnswers(const std::string& address, int64_t n, absl::Duration timeout) const;

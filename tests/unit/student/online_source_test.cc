@@ -6,6 +6,7 @@
 #include "student/online_source.h"
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -170,15 +171,121 @@ TEST_F(OnlineSourceTest, ABadPayloadIsRequestedAgainAndABadRequestIsFinal) {
   EXPECT_EQ((*source)->refetches(), 2);
 }
 
-TEST_F(OnlineSourceTest, WhenEveryTeacherIsGoneASampleFailsUnavailable) {
+TEST_F(OnlineSourceTest, WithNoGraceWhenEveryTeacherIsGoneASampleFailsAtOnce) {
   auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
-  auto source = OnlineSource::Open(Options(connector, {"a"}));
+  OnlineSourceOptions options = Options(connector, {"a"});
+  options.teacher_grace = absl::ZeroDuration();
+  auto source = OnlineSource::Open(options);
   ASSERT_TRUE(source.ok()) << source.status();
   connector->Kill("a");
   auto sample = (*source)->Get(2);
   EXPECT_EQ(sample.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(sample.status().message().find("every teacher is gone"), std::string::npos)
+  EXPECT_NE(sample.status().message().find(
+                "every teacher is gone for more than data.teacher_grace_s = 0 s"),
+            std::string::npos)
       << sample.status();
+  EXPECT_EQ(connector->describes("a"), 1);  // Open's: no reconnection
+}
+
+// P13 item 8: the only teacher restarts (a rolling update, a crash) on the
+// same address within data.teacher_grace_s.
+class TeacherGraceTest : public OnlineSourceTest {
+ protected:
+  OnlineSourceOptions GraceOptions(std::shared_ptr<FakeTeacherConnector> connector,
+                                   absl::Duration grace) {
+    OnlineSourceOptions options = Options(std::move(connector), {"a"});
+    options.teacher_grace = grace;
+    options.reconnect_backoff = absl::Milliseconds(5);
+    options.reconnect_max_backoff = absl::Milliseconds(20);
+    return options;
+  }
+};
+
+TEST_F(TeacherGraceTest, TheOnlyTeacherRestartedWithinTheGraceLosesNothingAndRepeatsNothing) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+  OnlineSourceOptions options = GraceOptions(connector, absl::Seconds(30));
+  options.ledger = dir_.Join("ledger.jsonl");
+  auto source = OnlineSource::Open(options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  for (int i = 0; i < 2; ++i) {
+    auto sample = (*source)->Get(i);
+    ASSERT_TRUE(sample.ok()) << sample.status();
+    ASSERT_TRUE((*source)->Commit(i + 1, {i}).ok());
+  }
+  // The rest is requested, then the teacher dies with it unanswered (but
+  // for the one answer it was computing).
+  connector->Hold("a");
+  std::vector<int64_t> rest;
+  for (int i = 2; i < kSamples; ++i) rest.push_back(i);
+  (*source)->Prefetch(rest, RowRange{0, 1 << 20, 1 << 20});
+  connector->Kill("a");
+  connector->Release("a");
+  // It stays down for three reconnection attempts (Open's Describe + 3).
+  ASSERT_TRUE(connector->AwaitDescribes("a", 4, absl::Seconds(30)));
+  const size_t before_restart = connector->requests("a").size();
+  connector->Restart("a");
+  for (int i = 2; i < kSamples; ++i) {
+    auto sample = (*source)->Get(i);
+    ASSERT_TRUE(sample.ok()) << "sample " << i << ": " << sample.status();
+    EXPECT_EQ(sample->id, i);
+    ExpectTeacherTensors(*connector, *sample);
+    ASSERT_TRUE((*source)->Commit(i + 1, {i}).ok());
+  }
+  EXPECT_EQ((*source)->reconnects(), 1);
+  EXPECT_GE((*source)->refetches(), kSamples - 3);  // all but the answer in progress
+  // The restarted teacher was asked for each lost sample once.
+  const auto requests = connector->requests("a");
+  std::map<int64_t, int> asked_again;
+  for (size_t r = before_restart; r < requests.size(); ++r) ++asked_again[requests[r].sample_id()];
+  EXPECT_GE(asked_again.size(), static_cast<size_t>(kSamples - 3));
+  for (const auto& [id, count] : asked_again) {
+    EXPECT_GE(id, 2);
+    EXPECT_EQ(count, 1) << "sample " << id;
+  }
+  // Trained: every sample once, in order, as without the restart.
+  std::ifstream in(options.ledger);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), static_cast<size_t>(kSamples));
+  for (int i = 0; i < kSamples; ++i) {
+    EXPECT_EQ(lines[i], (nlohmann::json{{"step", i + 1}, {"rank", 0}, {"sample_ids", {i}}}));
+  }
+}
+
+TEST_F(TeacherGraceTest, PastTheGraceTheSampleFailsNamingTheGrace) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+  auto source = OnlineSource::Open(GraceOptions(connector, absl::Milliseconds(300)));
+  ASSERT_TRUE(source.ok()) << source.status();
+  const absl::Time killed = absl::Now();
+  connector->Kill("a");
+  auto sample = (*source)->Get(2);
+  const absl::Duration waited = absl::Now() - killed;
+  EXPECT_EQ(sample.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(sample.status().message().find(
+                "every teacher is gone for more than data.teacher_grace_s = 0.3 s"),
+            std::string::npos)
+      << sample.status();
+  EXPECT_GE(waited, absl::Milliseconds(250));  // it waited out the grace
+  EXPECT_GT(connector->describes("a"), 2);     // retrying meanwhile
+  // Later samples fail at once, the same way.
+  connector->Restart("a");
+  auto later = (*source)->Get(3);
+  EXPECT_EQ(later.status(), sample.status());
+  EXPECT_EQ((*source)->reconnects(), 0);
+}
+
+TEST_F(TeacherGraceTest, ATeacherBackWithAnotherModelIsRefused) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+  auto source = OnlineSource::Open(GraceOptions(connector, absl::Seconds(30)));
+  ASSERT_TRUE(source.ok()) << source.status();
+  connector->Kill("a");
+  ASSERT_TRUE(connector->AwaitDescribes("a", 2, absl::Seconds(30)));  // lost, being retried
+  connector->ServeAnotherModel("a");
+  connector->Restart("a");
+  auto sample = (*source)->Get(2);
+  EXPECT_EQ(sample.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(sample.status().message().find("hidden_size"), std::string::npos) << sample.status();
+  EXPECT_EQ((*source)->reconnects(), 0);
 }
 
 TEST_F(OnlineSourceTest, SlicesAskOnlyForTheirRowsAndHaloAndEmptyShardsAskForNothing) {

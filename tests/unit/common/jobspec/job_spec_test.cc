@@ -195,6 +195,16 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
       // negative stored count) are refused before any narrowing.
       {"  store: /data/store\n",
        "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  in_flight: 4294967296\n", "data.in_flight"},
+      // P13 item 8: the reconnection grace is bounded and not negative.
+      {"  store: /data/store\n",
+       "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  teacher_grace_s: -1\n",
+       "data.teacher_grace_s"},
+      {"  store: /data/store\n",
+       "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  teacher_grace_s: 86401\n",
+       "data.teacher_grace_s"},
+      {"  store: /data/store\n",
+       "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  teacher_grace_s: 1e9\n",
+       "data.teacher_grace_s"},
       {"metrics:", "max_restarts: 2147483648\nmetrics:", "max_restarts"},
       {"metrics:", "max_restarts: -1\nmetrics:", "max_restarts"},
       {"keep_last: 3", "keep_last: 4294967297", "checkpoint.keep_last"},
@@ -215,6 +225,19 @@ TEST(JobConfigTest, OnlineDataFillsDefaults) {
   EXPECT_EQ(spec->data().teachers_size(), 2);
   EXPECT_EQ(spec->data().in_flight(), 8);
   EXPECT_EQ(spec->data().transport(), "auto");
+  EXPECT_EQ(spec->data().teacher_grace_s(), 60);
+}
+
+TEST(JobConfigTest, TeacherGraceKeepsZeroAndAcceptsItsBounds) {
+  for (const auto& [text, seconds] :
+       std::vector<std::pair<std::string, double>>{{"0", 0}, {"2.5", 2.5}, {"86400", 86400}}) {
+    auto spec = ParseJobSpecYaml(
+        Edit("  store: /data/store\n",
+             "  tokenized: /d.jsonl\n  teachers: [\"a:1\"]\n  teacher_grace_s: " + text + "\n"));
+    ASSERT_TRUE(spec.ok()) << text << ": " << spec.status();
+    EXPECT_TRUE(spec->data().has_teacher_grace_s());
+    EXPECT_EQ(spec->data().teacher_grace_s(), seconds);  // 0 stays 0: fail at once
+  }
 }
 
 TEST(JobConfigTest, UnknownKeysAreRefusedByTheSchema) {
