@@ -2,6 +2,8 @@
 
 #include <iostream>
 
+#include "common/terminal_text.h"
+
 namespace specstream {
 
 int ExitCodeFor(const absl::Status& status) {
@@ -27,7 +29,10 @@ int ExitCodeFor(const absl::Status& status) {
 }
 
 int ReportExit(absl::string_view program, const absl::Status& status) {
-  if (!status.ok()) std::cerr << program << ": " << status.message() << "\n";
+  // Messages quote what users and peers sent (ids, names, spec values).
+  if (!status.ok()) {
+    std::cerr << program << ": " << EscapeForTerminalKeepLines(status.message()) << "\n";
+  }
   return ExitCodeFor(status);
 }
 

@@ -20,7 +20,8 @@ namespace specstream {
 int ExitCodeFor(const absl::Status& status);
 
 // How a binary ends on `status`: unless OK, "<program>: <message>" on
-// stderr; returns ExitCodeFor(status).
+// stderr, its control characters escaped (common/terminal_text.h) except
+// newlines and tabs; returns ExitCodeFor(status).
 int ReportExit(absl::string_view program, const absl::Status& status);
 
 }  // namespace specstream

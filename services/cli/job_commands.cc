@@ -23,6 +23,7 @@
 #include "common/jobspec/job_spec.h"
 #include "common/progress.h"
 #include "common/status.h"
+#include "common/terminal_text.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/grpc.h"
 #include "grpcpp/create_channel.h"
@@ -158,9 +159,9 @@ std::string MetricsSummary(const v1::JobMetrics& metrics) {
 
 std::string StateLine(const std::string& id, JobState state, int32_t attempt,
                       absl::string_view reason) {
-  std::string line = absl::StrCat(id, " ", StateName(state));
+  std::string line = absl::StrCat(EscapeForTerminal(id), " ", StateName(state));
   if (attempt > 0) absl::StrAppend(&line, " (attempt ", attempt, ")");
-  if (!reason.empty()) absl::StrAppend(&line, ": ", OneLine(reason));
+  if (!reason.empty()) absl::StrAppend(&line, ": ", EscapeForTerminal(OneLine(reason)));
   return line;
 }
 
@@ -238,9 +239,11 @@ class JobClient final {
     request.set_reason(reason);
     return Unary("stop " + id, request, &v1::JobService::Stub::Stop);
   }
-  absl::StatusOr<v1::ListJobsResponse> List(int32_t limit) {
+  // One page; `page_token` empty: the first.
+  absl::StatusOr<v1::ListJobsResponse> List(int32_t limit, const std::string& page_token) {
     v1::ListJobsRequest request;
     request.set_limit(limit);
+    request.set_page_token(page_token);
     return Unary("list", request, &v1::JobService::Stub::List);
   }
 
@@ -516,9 +519,27 @@ absl::Status WaitAndReport(JobClient& client, const Job& initial, WatchOutput mo
   return absl::AbortedError(message);
 }
 
+// `value` may come from the job's submitter or its ranks: escaped here, so
+// every row of the status table is.
 void AppendRow(std::string& table, absl::string_view key, absl::string_view value) {
   // Continuation rows (an empty key) line up under the value.
-  absl::StrAppendFormat(&table, "%-16s%s\n", key.empty() ? "" : absl::StrCat(key, ":"), value);
+  absl::StrAppendFormat(&table, "%-16s%s\n", key.empty() ? "" : absl::StrCat(key, ":"),
+                        EscapeForTerminal(value));
+}
+
+// At most `max_bytes` of escaped `text` (EscapeForTerminal's output), cut
+// neither inside a UTF-8 sequence nor inside an escape; "..." marks a cut.
+std::string Shorten(const std::string& text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  size_t end = max_bytes - 3;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;
+  // An escape is \xNN or \uNNNN: one starting in the last 5 bytes may cross.
+  const size_t backslash = text.rfind('\\', end - 1);
+  if (backslash != std::string::npos && end - backslash < 6 && backslash + 1 < text.size()) {
+    const size_t length = text[backslash + 1] == 'u' ? 6 : text[backslash + 1] == 'x' ? 4 : 1;
+    if (backslash + length > end) end = backslash;
+  }
+  return text.substr(0, end) + "...";
 }
 
 }  // namespace
@@ -573,10 +594,10 @@ std::string FormatJobList(const v1::ListJobsResponse& jobs, int64_t now_unix_ms)
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"ID", "NAME", "STATE", "STEP", "AGE", "REASON"});
   for (const Job& job : jobs.jobs()) {
-    std::string reason = OneLine(job.reason());
-    if (reason.size() > kListReasonChars) reason = reason.substr(0, kListReasonChars - 3) + "...";
+    std::string reason = Shorten(EscapeForTerminal(OneLine(job.reason())), kListReasonChars);
     rows.push_back(
-        {job.id(), job.name(), StateName(job.state()), FormatStep(job.metrics()),
+        {EscapeForTerminal(job.id()), EscapeForTerminal(job.name()), StateName(job.state()),
+         FormatStep(job.metrics()),
          job.created_unix_ms() > 0 ? FormatAge(now_unix_ms - job.created_unix_ms()) : "-", reason});
   }
   std::vector<size_t> widths(rows[0].size(), 0);
@@ -615,8 +636,9 @@ absl::Status RunValidate(const std::string& spec_path, const std::string& output
   }
   const int64_t ranks =
       std::max<int64_t>(spec->parallel().dp_size(), 1) * spec->parallel().cp_size();
-  out << spec_path << ": valid (" << (spec->name().empty() ? "unnamed" : spec->name()) << ", "
-      << ranks << (ranks == 1 ? " rank" : " ranks") << ")\n";
+  out << EscapeForTerminal(spec_path) << ": valid ("
+      << (spec->name().empty() ? "unnamed" : EscapeForTerminal(spec->name())) << ", " << ranks
+      << (ranks == 1 ? " rank" : " ranks") << ")\n";
   return absl::OkStatus();
 }
 
@@ -656,7 +678,24 @@ absl::Status RunStatus(const RemoteOptions& remote, const std::string& id, std::
 absl::Status RunList(const RemoteOptions& remote, int32_t limit, std::ostream& out) {
   if (limit < 0) return absl::InvalidArgumentError("--limit: must be >= 0");
   ASSIGN_OR_RETURN(auto client, JobClient::Create(remote));
-  ASSIGN_OR_RETURN(v1::ListJobsResponse jobs, client->List(limit));
+  // The coordinator answers a page at a time (each well under the default
+  // receive limit, whatever the jobs hold): follow the pages until `limit`
+  // jobs or the last page.
+  v1::ListJobsResponse jobs;
+  std::string page_token;
+  do {
+    const int32_t want = limit == 0 ? 0 : limit - jobs.jobs_size();
+    ASSIGN_OR_RETURN(v1::ListJobsResponse page, client->List(want, page_token));
+    if (page.jobs().empty() && !page.next_page_token().empty()) {
+      return absl::InternalError("list: the coordinator sent an empty page that is not the last");
+    }
+    for (Job& job : *page.mutable_jobs()) *jobs.add_jobs() = std::move(job);
+    page_token = page.next_page_token();
+  } while (!page_token.empty() && (limit == 0 || jobs.jobs_size() < limit));
+  // A coordinator that ignores the limit does not make us print more.
+  if (limit > 0 && jobs.jobs_size() > limit) {
+    jobs.mutable_jobs()->DeleteSubrange(limit, jobs.jobs_size() - limit);
+  }
   // The coordinator lists newest first; sort anyway so the order is ours.
   std::stable_sort(
       jobs.mutable_jobs()->begin(), jobs.mutable_jobs()->end(),

@@ -5,7 +5,10 @@
 // sends `authorization: Bearer <token>` when a token is configured (the
 // --token-file, else $SPECSTREAM_TOKEN) and uses TLS when `tls_ca` is set.
 // Data (job ids, tables, JSON, log lines) goes to `out`; progress, state
-// changes and reconnect notices go to `err`.
+// changes and reconnect notices go to `err`. Table and text output escapes
+// the control characters of what users and jobs chose (ids, names, reasons,
+// daemon names; common/terminal_text.h); JSON is escaped by its printer.
+// Log lines are the ranks' own output and print as they are.
 //
 // Each Run* returns OK or a status whose code ExitCodeFor()
 // (common/exit_code.h) maps to the CLI's exit-code contract:
@@ -57,7 +60,8 @@ absl::Status RunSubmit(const RemoteOptions& remote, const SubmitOptions& options
 absl::Status RunStatus(const RemoteOptions& remote, const std::string& id, std::ostream& out);
 
 // Columns ID NAME STATE STEP AGE REASON, newest first; or the
-// ListJobsResponse as JSON. `limit` 0: all.
+// ListJobsResponse as JSON (every page in one, without specs). Follows the
+// coordinator's pages until `limit` jobs (0: all) or the last page.
 absl::Status RunList(const RemoteOptions& remote, int32_t limit, std::ostream& out);
 
 // The job's log lines as "[rank N] text" (json: one JobEvent per line).

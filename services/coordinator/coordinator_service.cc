@@ -120,10 +120,7 @@ grpc::Status JobServiceImpl::Get(grpc::ServerContext* context, const v1::GetJobR
 grpc::Status JobServiceImpl::List(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
   if (auto auth = Authenticate(*context); !auth.ok()) return auth;
-  auto jobs = scheduler_->List(request->limit());
-  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  for (auto& job : *jobs) *response->add_jobs() = std::move(job);
-  return grpc::Status::OK;
+  return Reply(scheduler_->List(*request), response);
 }
 
 grpc::Status JobServiceImpl::Stop(grpc::ServerContext* context, const v1::StopJobRequest* request,

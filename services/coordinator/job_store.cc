@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -88,6 +89,10 @@ absl::Status JobNotFound(const std::string& id) {
 }
 
 int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// A repeated message field's per-element framing: one tag byte and a varint
+// length of at most 5 bytes (messages are under 2 GiB).
+constexpr size_t kRepeatedFieldOverhead = 6;
 
 // A cached prepared statement borrowed for one use: bind, step, then on
 // destruction reset and clear its bindings so the next user starts clean.
@@ -381,29 +386,47 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
 }
 
-absl::Status JobStore::Insert(const v1::Job& job, const std::string& token_hash) {
+absl::Status JobStore::Insert(const v1::Job& job, const std::string& token_hash,
+                              std::vector<v1::JobEvent>* events) {
   if (job.id().empty()) return absl::InvalidArgumentError("job without id");
+  std::vector<v1::JobEvent> pending;
+  if (events != nullptr) {
+    pending = *events;
+    for (v1::JobEvent& event : pending) {
+      if (event.job_id().empty()) event.set_job_id(job.id());
+      if (event.job_id() != job.id()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("insert of job ", job.id(), " carries an event of job ", event.job_id()));
+      }
+    }
+  }
   std::string blob;
   if (!job.SerializeToString(&blob)) {
     return absl::InternalError(absl::StrCat("cannot serialize job ", job.id()));
   }
+  std::vector<v1::JobEvent> stored;
   Impl& s = *impl_;
   absl::MutexLock lock(&s.mu);
-  return s.InTransaction([&]() -> absl::Status {
+  RETURN_IF_ERROR(s.InTransaction([&]() -> absl::Status {
     s.mu.AssertHeld();  // InTransaction runs the body under the lock
     ASSIGN_OR_RETURN(const bool exists, s.JobExists(job.id()));
     if (exists) return absl::AlreadyExistsError(absl::StrCat("job ", job.id(), " already exists"));
-    ASSIGN_OR_RETURN(auto stmt,
-                     s.Prepare("INSERT INTO jobs (id, ord, state, created_unix_ms, token, job) "
-                               "VALUES (?1, (SELECT IFNULL(MAX(ord), 0) + 1 FROM jobs), "
-                               "?2, ?3, ?4, ?5)"));
-    stmt->Bind(1, job.id());
-    stmt->Bind(2, static_cast<int64_t>(job.state()));
-    stmt->Bind(3, job.created_unix_ms());
-    stmt->Bind(4, token_hash);
-    stmt->BindBlob(5, blob);
-    return s.StepDone(*stmt, "insert job");
-  });
+    {
+      ASSIGN_OR_RETURN(auto stmt,
+                       s.Prepare("INSERT INTO jobs (id, ord, state, created_unix_ms, token, job) "
+                                 "VALUES (?1, (SELECT IFNULL(MAX(ord), 0) + 1 FROM jobs), "
+                                 "?2, ?3, ?4, ?5)"));
+      stmt->Bind(1, job.id());
+      stmt->Bind(2, static_cast<int64_t>(job.state()));
+      stmt->Bind(3, job.created_unix_ms());
+      stmt->Bind(4, token_hash);
+      stmt->BindBlob(5, blob);
+      RETURN_IF_ERROR(s.StepDone(*stmt, "insert job"));
+    }
+    return s.InsertEvents(pending, &stored);
+  }));
+  if (events != nullptr) *events = std::move(stored);
+  return absl::OkStatus();
 }
 
 absl::Status JobStore::SetTokenHash(const std::string& id, const std::string& token_hash) {
@@ -490,6 +513,40 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(int limit) {
   ASSIGN_OR_RETURN(auto stmt, s.Prepare("SELECT job FROM jobs ORDER BY ord DESC LIMIT ?1"));
   stmt->Bind(1, limit == 0 ? int64_t{-1} : int64_t{limit});  // SQLite: negative = no limit
   return s.ReadJobs(*stmt);
+}
+
+absl::StatusOr<JobStore::Page> JobStore::ListPage(int64_t before_ord, int limit, size_t max_bytes) {
+  if (limit < 0) return absl::InvalidArgumentError(absl::StrCat("negative limit ", limit));
+  if (before_ord < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative submission number ", before_ord));
+  }
+  Impl& s = *impl_;
+  absl::MutexLock lock(&s.mu);
+  ASSIGN_OR_RETURN(auto stmt, s.Prepare("SELECT ord, job FROM jobs WHERE ord < ?1 "
+                                        "ORDER BY ord DESC"));
+  stmt->Bind(1, before_ord == 0 ? std::numeric_limits<int64_t>::max() : before_ord);
+  Page page;
+  size_t bytes = 0;
+  int64_t last_ord = 0;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool row, s.StepRow(*stmt, "list jobs"));
+    if (!row) return page;  // the last page: next_before_ord stays 0
+    // A row past the count limit only tells that more follow (its blob is
+    // never read).
+    if (limit > 0 && page.jobs.size() == static_cast<size_t>(limit)) break;
+    const int64_t ord = stmt->ColumnInt(0);
+    ASSIGN_OR_RETURN(v1::Job job, s.Parse<v1::Job>(stmt->ColumnBytes(1), "job"));
+    job.clear_spec_yaml();
+    job.clear_spec();
+    // The job's bytes in the response: the message, its tag and its length.
+    const size_t size = job.ByteSizeLong() + kRepeatedFieldOverhead;
+    if (max_bytes > 0 && !page.jobs.empty() && bytes + size > max_bytes) break;
+    bytes += size;
+    last_ord = ord;
+    page.jobs.push_back(std::move(job));
+  }
+  page.next_before_ord = last_ord;
+  return page;
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListActive() {

@@ -12,6 +12,7 @@
 #ifndef SPECSTREAM_SERVICES_COORDINATOR_JOB_STORE_H_
 #define SPECSTREAM_SERVICES_COORDINATOR_JOB_STORE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,8 +35,12 @@ class JobStore final {
 
   // AlreadyExists "job <id> already exists" when the id is taken.
   // `token_hash` is the job token's TokenHash (common/grpc/auth.h): the store
-  // never holds a token someone could present.
-  absl::Status Insert(const v1::Job& job, const std::string& token_hash);
+  // never holds a token someone could present. `events` (their job_id empty
+  // or job.id()) are appended in the same transaction, numbered from 1 in
+  // place, so a job is never stored without its first events; on error
+  // nothing is written and `events` is left as it was.
+  absl::Status Insert(const v1::Job& job, const std::string& token_hash,
+                      std::vector<v1::JobEvent>* events = nullptr);
   // Replaces a job's token hash (a new attempt's token); NotFound when absent.
   absl::Status SetTokenHash(const std::string& id, const std::string& token_hash);
   // Replaces the stored job (NotFound when absent) and appends `events` in
@@ -53,8 +58,23 @@ class JobStore final {
   // NotFound "job <id> not found".
   absl::StatusOr<v1::Job> Get(const std::string& id);
   absl::StatusOr<std::string> TokenHash(const std::string& id);
-  // Newest first (by submission order); limit 0: all.
+  // Newest first (by submission order); limit 0: all. Whole jobs, specs
+  // included: for tests and tools; the service lists with ListPage.
   absl::StatusOr<std::vector<v1::Job>> List(int limit);
+
+  // One page of job summaries: jobs without spec_yaml and spec.
+  struct Page {
+    std::vector<v1::Job> jobs;  // newest first
+    // Pass as `before_ord` for the next page; 0: this was the last page.
+    int64_t next_before_ord = 0;
+  };
+  // The newest jobs submitted before submission number `before_ord` (0: the
+  // newest of all), at most `limit` of them (0: no count limit), and no more
+  // than fit in `max_bytes` of serialized summaries (0: no size limit; the
+  // first job is returned whatever its size). Rows are read one at a time,
+  // so a page's memory is bounded by the page, not the table.
+  // InvalidArgument for a negative argument.
+  absl::StatusOr<Page> ListPage(int64_t before_ord, int limit, size_t max_bytes);
   // QUEUED and RUNNING jobs in submission order (FIFO).
   absl::StatusOr<std::vector<v1::Job>> ListActive();
 

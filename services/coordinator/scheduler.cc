@@ -10,9 +10,12 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc/auth.h"
 #include "common/jobspec/job_spec.h"
@@ -50,6 +53,28 @@ std::string DefaultJobId(const std::string& name) {
   if (base.empty()) base = "job";
   if (base.size() > 64) base.resize(64);
   return absl::StrCat(base, "-", RandomToken(4));
+}
+
+// List page tokens: "j1." + the submission number (ord) to continue below,
+// web-safe base64 so clients treat it as opaque. "j1" versions the format.
+constexpr absl::string_view kPageTokenPrefix = "j1.";
+
+std::string PageToken(int64_t before_ord) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, before_ord));
+}
+
+absl::StatusOr<int64_t> ParsePageToken(const std::string& token) {
+  std::string decoded;
+  if (absl::WebSafeBase64Unescape(token, &decoded)) {
+    absl::string_view text = decoded;
+    int64_t before_ord = 0;
+    if (absl::ConsumePrefix(&text, kPageTokenPrefix) && absl::SimpleAtoi(text, &before_ord) &&
+        before_ord > 0) {
+      return before_ord;
+    }
+  }
+  return absl::InvalidArgumentError(
+      "page_token: malformed (pass a next_page_token from a previous List, or none)");
 }
 
 // How long a lost daemon stays listed (ListDaemons, /metrics).
@@ -536,6 +561,9 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(SchedulerOptions op
 }
 
 absl::StatusOr<v1::Job> Scheduler::Submit(const std::string& spec_yaml, const std::string& id) {
+  // Every check comes before the one store write, and that write holds the
+  // job with its first event: a refused spec leaves nothing behind, and an
+  // accepted one is never stored half-made (without a state, say).
   ASSIGN_OR_RETURN(v1::JobSpec spec, jobspec::ParseJobSpecYaml(spec_yaml));
   v1::Job job;
   job.set_id(id.empty() ? DefaultJobId(spec.name()) : id);
@@ -546,18 +574,28 @@ absl::StatusOr<v1::Job> Scheduler::Submit(const std::string& spec_yaml, const st
   job.set_world_size(static_cast<int32_t>(dp * spec.parallel().cp_size()));
   job.set_max_restarts(static_cast<int32_t>(spec.max_restarts()));
   *job.mutable_spec() = std::move(spec);
+  const std::string reason =
+      absl::StrCat("submitted; needs ", job.world_size(), " student daemons");
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.set_reason(reason);
   absl::MutexLock lock(&state_->mu);
-  job.set_created_unix_ms(absl::ToUnixMillis(state_->Now()));
+  const int64_t now_ms = absl::ToUnixMillis(state_->Now());
+  job.set_created_unix_ms(now_ms);
+  std::vector<v1::JobEvent> events(1);
+  events[0].set_unix_ms(now_ms);
+  events[0].mutable_state()->set_state(v1::JOB_STATE_QUEUED);
+  events[0].mutable_state()->set_reason(reason);
+  events[0].mutable_state()->set_attempt(0);
   ActiveJob aj;
   aj.token = RandomToken(16);
   aj.token_hash = TokenHash(aj.token);
-  aj.job = job;
-  RETURN_IF_ERROR(state_->options.store->Insert(job, aj.token_hash));
+  RETURN_IF_ERROR(state_->options.store->Insert(job, aj.token_hash, &events));
+  SS_LOG_INFO("job {}: {} ({})", job.id(), StateLabel(v1::JOB_STATE_QUEUED), reason);
   const std::string job_id = job.id();
-  ActiveJob& stored = state_->active.emplace(job_id, std::move(aj)).first->second;
+  aj.job = std::move(job);
+  state_->active.emplace(job_id, std::move(aj));
   state_->fifo.push_back(job_id);
-  state_->Transition(stored, v1::JOB_STATE_QUEUED,
-                     absl::StrCat("submitted; needs ", job.world_size(), " student daemons"));
+  state_->events_changed.SignalAll();
   state_->TickLocked();
   auto it = state_->active.find(job_id);
   if (it != state_->active.end()) return it->second.job;
@@ -571,14 +609,34 @@ absl::StatusOr<v1::Job> Scheduler::Get(const std::string& id) {
   return state_->options.store->Get(id);
 }
 
-absl::StatusOr<std::vector<v1::Job>> Scheduler::List(int limit) {
-  absl::MutexLock lock(&state_->mu);
-  ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, state_->options.store->List(limit));
-  for (v1::Job& job : jobs) {
-    auto it = state_->active.find(job.id());
-    if (it != state_->active.end()) job = it->second.job;
+absl::StatusOr<v1::ListJobsResponse> Scheduler::List(const v1::ListJobsRequest& request) {
+  if (request.limit() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("limit: must be >= 0, got ", request.limit()));
   }
-  return jobs;
+  int64_t before_ord = 0;
+  if (!request.page_token().empty()) {
+    ASSIGN_OR_RETURN(before_ord, ParsePageToken(request.page_token()));
+  }
+  absl::MutexLock lock(&state_->mu);
+  ASSIGN_OR_RETURN(JobStore::Page page,
+                   state_->options.store->ListPage(before_ord, request.limit(),
+                                                   state_->options.list_page_bytes));
+  v1::ListJobsResponse response;
+  response.mutable_jobs()->Reserve(static_cast<int>(page.jobs.size()));
+  for (v1::Job& job : page.jobs) {
+    v1::Job* listed = response.add_jobs();
+    auto it = state_->active.find(job.id());
+    if (it == state_->active.end()) {
+      *listed = std::move(job);
+      continue;
+    }
+    // The in-memory state is the newer one; list it without its spec.
+    *listed = it->second.job;
+    listed->clear_spec_yaml();
+    listed->clear_spec();
+  }
+  if (page.next_before_ord > 0) response.set_next_page_token(PageToken(page.next_before_ord));
+  return response;
 }
 
 absl::StatusOr<v1::Job> Scheduler::Stop(const std::string& id, const std::string& reason) {

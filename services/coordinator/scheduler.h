@@ -27,6 +27,7 @@
 #ifndef SPECSTREAM_SERVICES_COORDINATOR_SCHEDULER_H_
 #define SPECSTREAM_SERVICES_COORDINATOR_SCHEDULER_H_
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ struct SchedulerOptions {
   absl::Duration lost_after = absl::Seconds(10);
   // The clock (Env::Now); null is Env::Default(). Tests pass a FakeEnv.
   Env* env = nullptr;
+  // A List page stops before its jobs pass this many serialized bytes
+  // (always holding one): well under a client's default 4 MiB receive limit.
+  size_t list_page_bytes = size_t{1} << 20;
 };
 
 class Scheduler final {
@@ -59,7 +63,11 @@ class Scheduler final {
   // JobService. Errors carry the status the RPC answers with.
   absl::StatusOr<v1::Job> Submit(const std::string& spec_yaml, const std::string& id);
   absl::StatusOr<v1::Job> Get(const std::string& id);
-  absl::StatusOr<std::vector<v1::Job>> List(int limit);
+  // One page of jobs, newest first, without spec_yaml and spec (see
+  // JobService.List): at most request.limit jobs (0: any number) and about
+  // `list_page_bytes` serialized. InvalidArgument naming `limit` or
+  // `page_token` for a negative limit or a token List did not issue.
+  absl::StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> Stop(const std::string& id, const std::string& reason);
   // Events of job `id` after `after_seq`; when there are none yet and the job
   // is not finished, waits up to `wait` for some. `finished` tells whether

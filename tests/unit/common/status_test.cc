@@ -89,5 +89,13 @@ TEST(ExitCodeForTest, ReportExitNamesTheProgramAndTheReason) {
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "specstream-x: job j-1: unknown\n");
 }
 
+TEST(ExitCodeForTest, ReportExitEscapesControlCharactersButKeepsLines) {
+  // The message quotes an id a user typed: it must not reach the terminal raw.
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(ReportExit("specstream-x", absl::NotFoundError("job a\x1b[2Jb not found\n\tat x")), 4);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "specstream-x: job a\\x1b[2Jb not found\n\tat x\n");
+}
+
 }  // namespace
 }  // namespace specstream

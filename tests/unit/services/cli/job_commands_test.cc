@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -182,13 +183,32 @@ class FakeJobService final : public v1::JobService::Service {
     return grpc::Status::OK;
   }
 
-  // In insertion order: the CLI sorts newest first itself.
+  // In insertion order (the CLI sorts newest first itself), in pages of at
+  // most `limit` and at most `page_size` (SetListPageSize) jobs; the page
+  // token is the index of the page's first job.
   grpc::Status List(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                     v1::ListJobsResponse* response) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_REFUSED(context, "List");
-    for (const std::string& id : order_) *response->add_jobs() = jobs_[id];
+    list_requests_.push_back(*request);
+    size_t start = 0;
+    if (!request->page_token().empty() && !absl::SimpleAtoi(request->page_token(), &start)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "page_token: malformed");
+    }
+    size_t end = order_.size();
+    if (list_page_size_ > 0) end = std::min(end, start + list_page_size_);
+    if (request->limit() > 0) end = std::min(end, start + request->limit());
+    for (size_t i = start; i < end; ++i) *response->add_jobs() = jobs_[order_[i]];
+    if (end < order_.size()) response->set_next_page_token(absl::StrCat(end));
     return grpc::Status::OK;
+  }
+  void SetListPageSize(size_t jobs) {
+    absl::MutexLock lock(&mu_);
+    list_page_size_ = jobs;
+  }
+  std::vector<v1::ListJobsRequest> list_requests() {
+    absl::MutexLock lock(&mu_);
+    return list_requests_;
   }
 
   grpc::Status Stop(grpc::ServerContext* context, const v1::StopJobRequest* request,
@@ -296,6 +316,8 @@ class FakeJobService final : public v1::JobService::Service {
   std::vector<int64_t> watch_after_seqs_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::SubmitJobRequest> submits_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
+  size_t list_page_size_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<v1::ListJobsRequest> list_requests_ ABSL_GUARDED_BY(mu_);
 };
 
 struct CliResult {
@@ -599,6 +621,79 @@ TEST_F(JobCommandsTest, ListPrintsAlignedColumnsNewestFirst) {
   EXPECT_EQ(parsed["jobs"][2]["id"], "old-1");
 }
 
+TEST_F(JobCommandsTest, ListFollowsPagesUntilTheLimitOrTheLastPage) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  for (int i = 0; i < 5; ++i) {
+    fake_.PutJob(MakeJob(absl::StrCat("job-", i), v1::JOB_STATE_SUCCEEDED, now - 1000 * (5 - i)));
+  }
+  fake_.SetListPageSize(2);
+  CliResult all = RunCli(With({"list"}));
+  ASSERT_EQ(all.exit_code, 0) << Describe(all);
+  std::vector<std::string> lines = absl::StrSplit(all.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 6u) << all.out;
+  EXPECT_THAT(lines[1], ::testing::StartsWith("job-4 "));
+  EXPECT_THAT(lines[5], ::testing::StartsWith("job-0 "));
+  std::vector<std::string> tokens;
+  for (const auto& request : fake_.list_requests()) {
+    tokens.push_back(request.page_token());
+    EXPECT_EQ(request.limit(), 0);
+  }
+  EXPECT_THAT(tokens, ElementsAre("", "2", "4"));
+
+  // --limit 3: the second page asks only for the one job still wanted.
+  CliResult three = RunCli(With({"list", "--limit", "3", "-o", "json"}));
+  ASSERT_EQ(three.exit_code, 0) << Describe(three);
+  nlohmann::json parsed = nlohmann::json::parse(three.out);
+  ASSERT_EQ(parsed["jobs"].size(), 3u);
+  std::vector<int32_t> limits;
+  for (const auto& request : fake_.list_requests()) limits.push_back(request.limit());
+  EXPECT_THAT(limits, ElementsAre(0, 0, 0, 3, 1));
+}
+
+TEST_F(JobCommandsTest, ListAndStatusEscapeControlCharacters) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  // A name that would clear the screen and turn the rest red, a CSI as a C1
+  // code point, and a reason that retitles the window.
+  Job job = MakeJob("evil-1", v1::JOB_STATE_FAILED, now - 1000);
+  job.set_name(
+      "evil\x1b[2J\x1b[31m\xc2\x9b"
+      "1m");
+  job.set_reason(
+      "rank 0: \x1b]0;owned\x07"
+      "done\r");
+  job.add_ranks()->set_daemon_name("s\x1b[1A1");
+  fake_.PutJob(job);
+
+  CliResult list = RunCli(With({"list"}));
+  ASSERT_EQ(list.exit_code, 0) << Describe(list);
+  EXPECT_THAT(list.out, Not(HasSubstr("\x1b"))) << list.out;
+  EXPECT_THAT(list.out, Not(HasSubstr("\xc2\x9b"))) << list.out;
+  EXPECT_THAT(list.out, HasSubstr("evil\\x1b[2J\\x1b[31m\\u009b1m")) << list.out;
+  EXPECT_THAT(list.out, HasSubstr("rank 0: \\x1b]0;owned\\x07done")) << list.out;
+
+  CliResult status = RunCli(With({"status", "evil-1"}));
+  ASSERT_EQ(status.exit_code, 0) << Describe(status);
+  EXPECT_THAT(status.out, Not(HasSubstr("\x1b"))) << status.out;
+  EXPECT_THAT(status.out, HasSubstr("name:           evil\\x1b[2J")) << status.out;
+  EXPECT_THAT(status.out, HasSubstr("s\\x1b[1A1")) << status.out;
+
+  // `stop` prints "ID STATE: reason"; JSON output is escaped by the JSON
+  // printer (\u001b) and parses back to the raw name.
+  CliResult stop = RunCli(With({"stop", "evil-1"}));
+  ASSERT_EQ(stop.exit_code, 0) << Describe(stop);
+  EXPECT_THAT(stop.out, Not(HasSubstr("\x1b"))) << stop.out;
+  CliResult json = RunCli(With({"list", "-o", "json"}));
+  ASSERT_EQ(json.exit_code, 0) << Describe(json);
+  EXPECT_THAT(json.out, Not(HasSubstr("\x1b"))) << json.out;
+  EXPECT_EQ(nlohmann::json::parse(json.out)["jobs"][0]["name"], job.name());
+
+  // An error quoting what the user sent does not carry it raw to stderr.
+  CliResult unknown = RunCli(With({"status", "x\x1b[2Jy"}));
+  EXPECT_EQ(unknown.exit_code, 4);
+  EXPECT_THAT(unknown.err, Not(HasSubstr("\x1b"))) << unknown.err;
+  EXPECT_THAT(unknown.err, HasSubstr("x\\x1b[2Jy")) << unknown.err;
+}
+
 TEST_F(JobCommandsTest, WaitExitsZeroWhenTheJobSucceeds) {
   fake_.PutJob(MakeJob("j-1", v1::JOB_STATE_RUNNING, 1));
   fake_.Append("j-1", StateEvent(v1::JOB_STATE_RUNNING));
@@ -780,6 +875,23 @@ TEST_F(JobCommandsTest, SubmitWaitReportsTheFinalState) {
   EXPECT_EQ(nlohmann::json::parse(ok.out)["state"], "JOB_STATE_SUCCEEDED");
 }
 
+TEST(JobFormattingTest, ListAndTableEscapeControlCharacters) {
+  v1::ListJobsResponse jobs;
+  Job* job = jobs.add_jobs();
+  *job = MakeJob("a-1", v1::JOB_STATE_QUEUED, 1000);
+  job->set_name("n\x1b[31m\x7f");
+  job->set_reason(std::string(100, '\x1b'));
+  const std::string list = FormatJobList(jobs, 2000);
+  EXPECT_THAT(list, Not(HasSubstr("\x1b")));
+  EXPECT_THAT(list, Not(HasSubstr("\x7f")));
+  EXPECT_THAT(list, HasSubstr("n\\x1b[31m\\x7f "));
+  // The long reason is cut after escaping, within the column's 80 bytes.
+  EXPECT_THAT(list, HasSubstr("\\x1b\\x1b..."));
+  const std::string table = FormatJobTable(*job);
+  EXPECT_THAT(table, Not(HasSubstr("\x1b")));
+  EXPECT_THAT(table, HasSubstr("name:           n\\x1b[31m\\x7f\n"));
+}
+
 TEST(JobFormattingTest, AgesAndTimes) {
   EXPECT_EQ(FormatAge(59'999), "59s");
   EXPECT_EQ(FormatAge(60'000), "1m");
@@ -806,6 +918,19 @@ TEST_F(JobCommandsTest, ValidateChecksASpecWithoutACoordinator) {
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("max_stpes"), std::string::npos) << bad.err;
   EXPECT_EQ(RunCli({"validate", dir_.Join("missing.yaml")}).exit_code, 2);
+}
+
+// YAML escapes put control characters in a valid spec's name; `validate`
+// prints them escaped.
+TEST_F(JobCommandsTest, ValidateEscapesTheName) {
+  testing::WriteFile(dir_.Join("evil.yaml"),
+                     "name: \"evil\\e[2J\\e]0;owned\\a\\x9b\"\ndata:\n  tokenized: /d.jsonl\n"
+                     "model:\n  target: /m\n  draft:\n    draft_vocab_size: 64\n"
+                     "optimizer:\n  lr: 1.0e-3\ntraining:\n  max_steps: 4\n  batch_size: 1\n");
+  CliResult r = RunCli({"validate", dir_.Join("evil.yaml")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            dir_.Join("evil.yaml") + ": valid (evil\\x1b[2J\\x1b]0;owned\\x07\\u009b, 1 rank)\n");
 }
 
 }  // namespace

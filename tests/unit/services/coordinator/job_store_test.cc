@@ -159,6 +159,104 @@ TEST_F(JobStoreTest, ListIsNewestFirstWithLimit) {
   EXPECT_EQ(store_->List(-1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(JobStoreTest, ListPagePagesNewestFirstBelowTheLastJob) {
+  ASSERT_NE(store_, nullptr);
+  for (const char* id : {"m", "z", "a", "k", "b"}) {
+    ASSERT_TRUE(store_->Insert(MakeJob(id), "t").ok());
+  }
+  std::vector<std::vector<std::string>> pages;
+  int64_t before = 0;
+  do {
+    auto page = store_->ListPage(before, 2, 0);
+    ASSERT_TRUE(page.ok()) << page.status();
+    pages.push_back(Ids(page->jobs));
+    before = page->next_before_ord;
+    ASSERT_LE(pages.size(), 5u) << "pages never end";
+  } while (before != 0);
+  EXPECT_THAT(pages, ElementsAre(ElementsAre("b", "k"), ElementsAre("a", "z"), ElementsAre("m")));
+
+  // A job submitted between pages does not shift the next page.
+  auto first = store_->ListPage(0, 2, 0);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(store_->Insert(MakeJob("new"), "t").ok());
+  auto second = store_->ListPage(first->next_before_ord, 2, 0);
+  ASSERT_TRUE(second.ok());
+  EXPECT_THAT(Ids(second->jobs), ElementsAre("a", "z"));
+
+  // Exactly `limit` jobs left: the page says so only by ending the next.
+  auto all = store_->ListPage(0, 0, 0);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->jobs.size(), 6u);
+  EXPECT_EQ(all->next_before_ord, 0);
+
+  EXPECT_EQ(store_->ListPage(0, -1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->ListPage(-1, 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobStoreTest, ListPageLeavesOutSpecsAndStopsAtTheByteLimit) {
+  ASSERT_NE(store_, nullptr);
+  // Stored jobs far past any message limit: 8 MiB specs each.
+  for (int i = 0; i < 3; ++i) {
+    v1::Job job = MakeJob("big" + std::to_string(i));
+    job.set_spec_yaml(std::string(8 << 20, 'x'));
+    job.mutable_spec()->set_name(std::string(1 << 20, 'n'));
+    ASSERT_TRUE(store_->Insert(job, "t").ok());
+  }
+  auto page = store_->ListPage(0, 0, 1 << 20);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(Ids(page->jobs), ElementsAre("big2", "big1", "big0"));
+  for (const v1::Job& job : page->jobs) {
+    EXPECT_TRUE(job.spec_yaml().empty());
+    EXPECT_FALSE(job.has_spec());
+    EXPECT_EQ(job.world_size(), 2);  // the rest is kept
+  }
+  EXPECT_EQ(store_->Get("big1")->spec_yaml().size(), size_t{8} << 20);  // Get keeps it
+
+  // What a summary still carries (a long reason) counts against the limit:
+  // 400 KiB each, so two fit in 1 MiB; a job over the limit alone still
+  // comes back, on a page of its own.
+  for (const char* id : {"r1", "r2", "r3"}) {
+    v1::Job job = MakeJob(id);
+    job.set_reason(std::string(400 << 10, 'r'));
+    ASSERT_TRUE(store_->Insert(job, "t").ok());
+  }
+  v1::Job huge = MakeJob("huge");
+  huge.set_reason(std::string(3 << 20, 'h'));
+  ASSERT_TRUE(store_->Insert(huge, "t").ok());
+  std::vector<std::vector<std::string>> pages;
+  int64_t before = 0;
+  do {
+    auto next = store_->ListPage(before, 0, 1 << 20);
+    ASSERT_TRUE(next.ok()) << next.status();
+    pages.push_back(Ids(next->jobs));
+    before = next->next_before_ord;
+    ASSERT_LE(pages.size(), 10u) << "pages never end";
+  } while (before != 0);
+  EXPECT_THAT(pages, ElementsAre(ElementsAre("huge"), ElementsAre("r3", "r2"),
+                                 ElementsAre("r1", "big2", "big1", "big0")));
+}
+
+TEST_F(JobStoreTest, InsertStoresTheJobAndItsFirstEventsTogether) {
+  ASSERT_NE(store_, nullptr);
+  std::vector<v1::JobEvent> events = {StateEvent(v1::JOB_STATE_QUEUED)};
+  ASSERT_TRUE(store_->Insert(MakeJob("j"), "t", &events).ok());
+  EXPECT_THAT(Seqs(events), ElementsAre(1));
+  EXPECT_EQ(events[0].job_id(), "j");
+  auto stored = store_->Events("j", 0);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_THAT(Seqs(*stored), ElementsAre(1));
+
+  // An event of another job refuses the whole insert.
+  std::vector<v1::JobEvent> foreign = {LogEvent("other", "x")};
+  EXPECT_EQ(store_->Insert(MakeJob("k"), "t", &foreign).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Get("k").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(foreign[0].seq(), 0);
+  // A taken id: nothing appended to the existing job either.
+  std::vector<v1::JobEvent> again = {StateEvent(v1::JOB_STATE_QUEUED)};
+  EXPECT_EQ(store_->Insert(MakeJob("j"), "t", &again).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(Seqs(*store_->Events("j", 0)), ElementsAre(1));
+}
+
 TEST_F(JobStoreTest, ListActiveIsFifoAndFollowsUpdates) {
   ASSERT_NE(store_, nullptr);
   ASSERT_TRUE(store_->Insert(MakeJob("q2"), "t").ok());

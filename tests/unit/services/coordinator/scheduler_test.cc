@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "common/grpc/auth.h"
+#include "common/jobspec/job_spec.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_env.h"
 #include "tests/testing/testing.h"
@@ -461,6 +463,134 @@ TEST_F(SchedulerTest, DrainingDaemonRestartsItsJobAndGetsNoNewRanks) {
   EXPECT_EQ(job.attempt(), 1);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   for (const auto& placement : job.ranks()) EXPECT_NE(placement.daemon_id(), leaving);
+}
+
+// The ids of a List page.
+std::vector<std::string> Ids(const v1::ListJobsResponse& page) {
+  std::vector<std::string> ids;
+  for (const v1::Job& job : page.jobs()) ids.push_back(job.id());
+  return ids;
+}
+
+TEST_F(SchedulerTest, SubmitRefusedStoresNothing) {
+  // Past the spec size limit, invalid, and a bad id: each refused before
+  // anything is written.
+  std::string oversize = Spec(1) + "# " + std::string(jobspec::kMaxSpecBytes, 'x') + "\n";
+  EXPECT_EQ(scheduler_->Submit(oversize, "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_->Submit(Spec(1, "extra_field: 1\n"), "bad-spec").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_->Submit(Spec(1), "bad/id").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_->Get("bad-spec").status().code(), absl::StatusCode::kNotFound);
+  auto listed = scheduler_->List(v1::ListJobsRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->jobs_size(), 0);
+  auto stored = store_->List(0);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(stored->empty());
+
+  // A taken id leaves the first job as it was, with its one event.
+  ASSERT_TRUE(scheduler_->Submit(Spec(1), "taken").ok());
+  const int64_t events = store_->LastSeq("taken").value_or(-1);
+  EXPECT_EQ(scheduler_->Submit(Spec(2), "taken").status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Job("taken").world_size(), 1);
+  EXPECT_EQ(store_->Get("taken")->world_size(), 1);
+  EXPECT_EQ(store_->LastSeq("taken").value_or(-1), events);
+}
+
+TEST_F(SchedulerTest, SubmittedJobIsStoredQueuedWithItsFirstEvent) {
+  ASSERT_TRUE(scheduler_->Submit(Spec(2), "j").ok());
+  // The store's copy, as a restarted coordinator would read it.
+  auto stored = store_->Get("j");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->state(), v1::JOB_STATE_QUEUED);
+  auto events = store_->Events("j", 0);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_FALSE(events->empty());
+  EXPECT_EQ(events->at(0).seq(), 1);
+  EXPECT_EQ(events->at(0).state().state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(events->at(0).state().reason(), "submitted; needs 2 student daemons");
+  auto active = store_->ListActive();
+  ASSERT_TRUE(active.ok());
+  ASSERT_EQ(active->size(), 1u);
+}
+
+TEST_F(SchedulerTest, ListPagesNewestFirstWithoutSpecs) {
+  RegisterTeacher("t1", "/models/target");
+  RegisterStudent("s1");
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(scheduler_->Submit(Spec(1), id).ok());
+  // "a" runs: the in-memory state (RUNNING on s1) is what List shows.
+  v1::ListJobsRequest request;
+  request.set_limit(2);
+  auto first = scheduler_->List(request);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(Ids(*first), (std::vector<std::string>{"c", "b"}));
+  ASSERT_FALSE(first->next_page_token().empty());
+  for (const v1::Job& job : first->jobs()) {
+    EXPECT_TRUE(job.spec_yaml().empty());
+    EXPECT_FALSE(job.has_spec());
+    EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  }
+  request.set_page_token(first->next_page_token());
+  auto second = scheduler_->List(request);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(Ids(*second), (std::vector<std::string>{"a"}));
+  EXPECT_TRUE(second->next_page_token().empty());
+  EXPECT_EQ(second->jobs(0).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(second->jobs(0).ranks(0).daemon_id(), "s1");
+  EXPECT_TRUE(second->jobs(0).spec_yaml().empty());
+  // Get still returns the spec.
+  EXPECT_EQ(Job("a").spec_yaml(), Spec(1));
+  EXPECT_TRUE(Job("a").has_spec());
+
+  // limit 0: every job, on one page here.
+  auto all = scheduler_->List(v1::ListJobsRequest());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(Ids(*all), (std::vector<std::string>{"c", "b", "a"}));
+  EXPECT_TRUE(all->next_page_token().empty());
+}
+
+TEST_F(SchedulerTest, ListRefusesAMalformedPageTokenOrANegativeLimit) {
+  ASSERT_TRUE(scheduler_->Submit(Spec(1), "a").ok());
+  for (const std::string token : {"garbage!", "bm90IGEgdG9rZW4", "ajEuLTM", "ajEueA", "ajEuMA"}) {
+    v1::ListJobsRequest request;
+    request.set_page_token(token);
+    auto page = scheduler_->List(request);
+    EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument) << token;
+    EXPECT_THAT(std::string(page.status().message()), ::testing::HasSubstr("page_token")) << token;
+  }
+  v1::ListJobsRequest negative;
+  negative.set_limit(-1);
+  auto page = scheduler_->List(negative);
+  EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(page.status().message()), ::testing::HasSubstr("limit"));
+}
+
+TEST_F(SchedulerTest, ListStaysSmallWhateverTheStoredJobsHold) {
+  // Records no Submit would take (8 MiB specs, 600 KiB reasons), written
+  // straight to the store.
+  for (int i = 0; i < 6; ++i) {
+    v1::Job job;
+    job.set_id("huge" + std::to_string(i));
+    job.set_state(v1::JOB_STATE_SUCCEEDED);
+    job.set_spec_yaml(std::string(8 << 20, 'x'));
+    job.set_reason(std::string(600 << 10, 'r'));
+    ASSERT_TRUE(store_->Insert(job, "t").ok());
+  }
+  v1::ListJobsRequest request;
+  int pages = 0;
+  int jobs = 0;
+  do {
+    auto page = scheduler_->List(request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->ByteSizeLong(), size_t{1} << 20);
+    EXPECT_GE(page->jobs_size(), 1);
+    jobs += page->jobs_size();
+    request.set_page_token(page->next_page_token());
+    ASSERT_LE(++pages, 10) << "pages never end";
+  } while (!request.page_token().empty());
+  EXPECT_EQ(jobs, 6);
+  EXPECT_EQ(pages, 6);  // 600 KiB each: one per 1 MiB page
 }
 
 }  // namespace
