@@ -84,6 +84,24 @@ absl::StatusCode CodeFor(int rc) {
   }
 }
 
+// A copy of `events` (none when null) with empty job ids set to `job`'s;
+// another job's event is InvalidArgument naming the `verb` ("insert").
+absl::StatusOr<std::vector<v1::JobEvent>> EventsOf(const v1::Job& job,
+                                                   const std::vector<v1::JobEvent>* events,
+                                                   absl::string_view verb) {
+  std::vector<v1::JobEvent> pending;
+  if (events == nullptr) return pending;
+  pending = *events;
+  for (v1::JobEvent& event : pending) {
+    if (event.job_id().empty()) event.set_job_id(job.id());
+    if (event.job_id() != job.id()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(verb, " of job ", job.id(), " carries an event of job ", event.job_id()));
+    }
+  }
+  return pending;
+}
+
 absl::Status JobNotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
 }
@@ -389,17 +407,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 absl::Status JobStore::Insert(const v1::Job& job, const std::string& token_hash,
                               std::vector<v1::JobEvent>* events) {
   if (job.id().empty()) return absl::InvalidArgumentError("job without id");
-  std::vector<v1::JobEvent> pending;
-  if (events != nullptr) {
-    pending = *events;
-    for (v1::JobEvent& event : pending) {
-      if (event.job_id().empty()) event.set_job_id(job.id());
-      if (event.job_id() != job.id()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("insert of job ", job.id(), " carries an event of job ", event.job_id()));
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(std::vector<v1::JobEvent> pending, EventsOf(job, events, "insert"));
   std::string blob;
   if (!job.SerializeToString(&blob)) {
     return absl::InternalError(absl::StrCat("cannot serialize job ", job.id()));
@@ -441,17 +449,7 @@ absl::Status JobStore::SetTokenHash(const std::string& id, const std::string& to
 }
 
 absl::Status JobStore::Update(const v1::Job& job, std::vector<v1::JobEvent>* events) {
-  std::vector<v1::JobEvent> pending;
-  if (events != nullptr) {
-    pending = *events;
-    for (v1::JobEvent& event : pending) {
-      if (event.job_id().empty()) event.set_job_id(job.id());
-      if (event.job_id() != job.id()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("update of job ", job.id(), " carries an event of job ", event.job_id()));
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(std::vector<v1::JobEvent> pending, EventsOf(job, events, "update"));
   std::string blob;
   if (!job.SerializeToString(&blob)) {
     return absl::InternalError(absl::StrCat("cannot serialize job ", job.id()));

@@ -144,6 +144,31 @@ class OnlineTest : public ::testing::Test {
     }
   }
 
+  // After a run of `online` (config `c`, one epoch, 6 steps) through a
+  // teacher fault: its ledger shows every sample trained exactly once, and
+  // it trained exactly as an uninterrupted offline run (bitwise).
+  void ExpectEverySampleOnceAndLikeOffline(const TrainerConfig& c, Trainer& online) {
+    std::map<int64_t, int> trained;
+    std::ifstream ledger(c.ledger_dir + "/ledger-rank0.jsonl");
+    int steps = 0;
+    for (std::string line; std::getline(ledger, line);) {
+      ++steps;
+      const nlohmann::json record = nlohmann::json::parse(line);
+      for (int64_t id : record["sample_ids"]) ++trained[id];
+    }
+    EXPECT_EQ(steps, 6);
+    EXPECT_EQ(static_cast<int>(trained.size()), kSamples);
+    for (const auto& [id, count] : trained) EXPECT_EQ(count, 1) << "sample " << id;
+
+    TrainerConfig o = Offline();
+    o.max_steps = 0;
+    o.epochs = 1;
+    auto offline = Trainer::Create(o, 0, 1, {});
+    ASSERT_TRUE(offline.ok());
+    ASSERT_TRUE((*offline)->Run().ok());
+    ExpectSameTraining(online, **offline);
+  }
+
   static specstream::testing::TempDir* dir_;
 };
 
@@ -444,28 +469,8 @@ TEST_F(OnlineTest, KilledTeacherMidEpochEverySampleTrainedExactlyOnce) {
   EXPECT_GT(source->refetches(), 0);
   std::cout << "samples re-requested after the kill: " << source->refetches() << "\n";
 
-  // The ledger: every sample of the epoch exactly once.
-  std::map<int64_t, int> trained;
-  std::ifstream ledger(c.ledger_dir + "/ledger-rank0.jsonl");
-  std::string line;
-  int steps = 0;
-  while (std::getline(ledger, line)) {
-    ++steps;
-    const nlohmann::json record = nlohmann::json::parse(line);
-    for (int64_t id : record["sample_ids"]) ++trained[id];
-  }
-  EXPECT_EQ(steps, 6);
-  EXPECT_EQ(static_cast<int>(trained.size()), kSamples);
-  for (const auto& [id, count] : trained) EXPECT_EQ(count, 1) << "sample " << id;
-
-  // Same result as offline: the failover changed nothing.
-  TrainerConfig o = Offline();
-  o.max_steps = 0;
-  o.epochs = 1;
-  auto offline = Trainer::Create(o, 0, 1, {});
-  ASSERT_TRUE(offline.ok());
-  ASSERT_TRUE((*offline)->Run().ok());
-  ExpectSameTraining(**online, **offline);
+  // Every sample exactly once, and the failover changed nothing.
+  ExpectEverySampleOnceAndLikeOffline(c, **online);
 
   kill(pids[1], SIGTERM);
   waitpid(pids[1], &status, 0);
@@ -525,27 +530,8 @@ TEST_F(OnlineTest, OnlyTeacherKilledAndRestartedOnItsPortTrainsAsIfUninterrupted
   EXPECT_GT(source->refetches(), 0);  // the frozen teacher's samples
   std::cout << "samples re-requested from the restarted teacher: " << source->refetches() << "\n";
 
-  // Every sample of the epoch trained exactly once.
-  std::map<int64_t, int> trained;
-  std::ifstream ledger(c.ledger_dir + "/ledger-rank0.jsonl");
-  int steps = 0;
-  for (std::string line; std::getline(ledger, line);) {
-    ++steps;
-    const nlohmann::json record = nlohmann::json::parse(line);
-    for (int64_t id : record["sample_ids"]) ++trained[id];
-  }
-  EXPECT_EQ(steps, 6);
-  EXPECT_EQ(static_cast<int>(trained.size()), kSamples);
-  for (const auto& [id, count] : trained) EXPECT_EQ(count, 1) << "sample " << id;
-
-  // The same weights as an uninterrupted run (offline == online, bitwise).
-  TrainerConfig o = Offline();
-  o.max_steps = 0;
-  o.epochs = 1;
-  auto offline = Trainer::Create(o, 0, 1, {});
-  ASSERT_TRUE(offline.ok());
-  ASSERT_TRUE((*offline)->Run().ok());
-  ExpectSameTraining(**online, **offline);
+  // Every sample exactly once, and the same weights as an uninterrupted run.
+  ExpectEverySampleOnceAndLikeOffline(c, **online);
 
   kill(pid, SIGTERM);
   waitpid(pid, &status, 0);
