@@ -90,6 +90,7 @@ absl::Status Run(const Flags& flags) {
   RETURN_IF_ERROR(InstallShutdownSignals());
 
   CoordinatorAuth auth;
+  auth.limiter = std::make_shared<PeerLimiter>();  // one count for both services
   if (!flags.insecure_no_auth) {
     ASSIGN_OR_RETURN(auth.user_token, LoadToken(flags.token_file));
     if (auth.user_token.empty()) {

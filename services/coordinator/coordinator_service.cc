@@ -94,13 +94,13 @@ absl::Status DaemonCredentials::Check(absl::string_view name, absl::string_view 
 }
 
 grpc::Status JobServiceImpl::Authenticate(const grpc::ServerContext& context) {
-  return CheckUser(limiter_, context, auth_.user_token);
+  return CheckUser(*limiter_, context, auth_.user_token);
 }
 
 grpc::Status RegistryServiceImpl::AuthenticateDaemon(const grpc::ServerContext& context,
                                                      absl::string_view name) {
   if (auth_.daemons.empty()) return grpc::Status::OK;
-  return Limited(limiter_, context, [&] {
+  return Limited(*limiter_, context, [&] {
     return ToGrpcStatus(auth_.daemons.Check(name, BearerToken(context).value_or("")));
   });
 }
@@ -169,7 +169,7 @@ grpc::Status RegistryServiceImpl::ListDaemons(grpc::ServerContext* context,
                                               const v1::ListDaemonsRequest* /*request*/,
                                               v1::ListDaemonsResponse* response) {
   // Users list daemons; a daemon credential does not.
-  if (auto auth = CheckUser(limiter_, *context, auth_.user_token); !auth.ok()) return auth;
+  if (auto auth = CheckUser(*limiter_, *context, auth_.user_token); !auth.ok()) return auth;
   for (auto& daemon : scheduler_->Daemons()) *response->add_daemons() = std::move(daemon);
   return grpc::Status::OK;
 }

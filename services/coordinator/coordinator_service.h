@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -51,14 +52,19 @@ class DaemonCredentials final {
 struct CoordinatorAuth {
   std::string user_token;
   DaemonCredentials daemons;
-  PeerLimiterOptions peer_limits;
+  // Counts every refusal of the coordinator's services per peer, so a peer
+  // refused by one is limited by all; null: each service counts its own
+  // (with default limits).
+  std::shared_ptr<PeerLimiter> limiter;
 };
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   // `scheduler` outlives the service.
   JobServiceImpl(Scheduler* scheduler, const CoordinatorAuth& auth)
-      : scheduler_(scheduler), auth_(auth), limiter_(auth.peer_limits) {}
+      : scheduler_(scheduler),
+        auth_(auth),
+        limiter_(auth.limiter != nullptr ? auth.limiter : std::make_shared<PeerLimiter>()) {}
 
   // Ends open Watch streams (before Server::Shutdown).
   void Shutdown() { shutting_down_ = true; }
@@ -79,14 +85,16 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   Scheduler* scheduler_;
   const CoordinatorAuth auth_;
-  PeerLimiter limiter_;
+  std::shared_ptr<PeerLimiter> limiter_;
   std::atomic<bool> shutting_down_{false};
 };
 
 class RegistryServiceImpl final : public v1::RegistryService::Service {
  public:
   RegistryServiceImpl(Scheduler* scheduler, const CoordinatorAuth& auth)
-      : scheduler_(scheduler), auth_(auth), limiter_(auth.peer_limits) {}
+      : scheduler_(scheduler),
+        auth_(auth),
+        limiter_(auth.limiter != nullptr ? auth.limiter : std::make_shared<PeerLimiter>()) {}
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -101,7 +109,7 @@ class RegistryServiceImpl final : public v1::RegistryService::Service {
 
   Scheduler* scheduler_;
   const CoordinatorAuth auth_;
-  PeerLimiter limiter_;
+  std::shared_ptr<PeerLimiter> limiter_;
 };
 
 }  // namespace specstream::services

@@ -2,7 +2,8 @@
 // scheduler and adapter as the coordinator wires them), called by clients
 // with gRPC's default 4 MiB receive limit and by the `specstream` CLI: what
 // the coordinator refuses is never stored, and no stored job, however large,
-// makes List fail (P13 item 17).
+// makes List fail (P13 item 17); and roles and per-peer limits hold against
+// hostile clients (items 4 and 7).
 #include <stdio.h>
 #include <sys/wait.h>
 
@@ -12,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/grpc/auth.h"
+#include "common/grpc/server_defaults.h"
 #include "common/jobspec/job_spec.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -24,6 +27,7 @@
 #include "services/coordinator/job_store.h"
 #include "services/coordinator/scheduler.h"
 #include "specstream/v1/coordinator.grpc.pb.h"
+#include "tests/testing/grpc_health.h"
 #include "tests/testing/testing.h"
 
 namespace specstream::services {
@@ -208,6 +212,81 @@ TEST_F(CoordinatorServiceTest, ListSucceedsWhateverTheStoredJobsHold) {
   ASSERT_EQ(limit_code, 0) << limit_out;
   EXPECT_EQ(std::vector<std::string>(absl::StrSplit(limit_out, '\n', absl::SkipEmpty())).size(),
             5u);
+}
+
+// The coordinator against hostile clients (P13 items 4 and 7): a user's token
+// cannot act as a daemon nor a daemon's as a user, and a peer that keeps
+// presenting wrong tokens is refused at once past its limit, while the
+// health check answers within a second.
+TEST(CoordinatorAuthTest, RolesHoldAndAFloodOfWrongTokensIsCutShort) {
+  testing::TempDir dir;
+  auto store = JobStore::Open(dir.Join("jobs.db"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  SchedulerOptions options;
+  options.store = store->get();
+  auto scheduler = Scheduler::Create(options);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  CoordinatorAuth auth;
+  auth.user_token = "user-token";
+  auto daemons = DaemonCredentials::Parse("student-0 daemon-token\n", "test");
+  ASSERT_TRUE(daemons.ok()) << daemons.status();
+  auth.daemons = *std::move(daemons);
+  auth.limiter = std::make_shared<PeerLimiter>();
+  JobServiceImpl jobs(scheduler->get(), auth);
+  RegistryServiceImpl registry(scheduler->get(), auth);
+  EnableServerDefaults();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&jobs);
+  builder.RegisterService(&registry);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto job_stub = v1::JobService::NewStub(channel);
+  auto registry_stub = v1::RegistryService::NewStub(channel);
+
+  auto list = [&](const std::string& token) {
+    grpc::ClientContext context;
+    AddBearer(context, token);
+    v1::ListJobsResponse response;
+    return job_stub->List(&context, v1::ListJobsRequest(), &response);
+  };
+  auto register_as = [&](const std::string& name, const std::string& token) {
+    grpc::ClientContext context;
+    AddBearer(context, token);
+    v1::RegisterRequest request;
+    request.mutable_info()->set_name(name);
+    request.mutable_info()->set_kind(v1::DAEMON_KIND_STUDENT);
+    v1::RegisterResponse response;
+    return registry_stub->Register(&context, request, &response);
+  };
+  // Roles, and a name bound to its credential.
+  EXPECT_TRUE(list("user-token").ok());
+  EXPECT_EQ(list("daemon-token").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(register_as("student-0", "user-token").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(register_as("student-1", "daemon-token").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(register_as("student-0", "daemon-token").ok());
+
+  // The flood: 3 refusals above count already; past 32 in the window the
+  // peer is refused before any check.
+  int unauthenticated = 3;
+  int limited = 0;
+  for (int i = 0; i < 40; ++i) {
+    const absl::Time start = absl::Now();
+    const grpc::StatusCode code = list("forged").error_code();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+    if (code == grpc::StatusCode::UNAUTHENTICATED) ++unauthenticated;
+    if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) ++limited;
+  }
+  EXPECT_EQ(unauthenticated, 32);
+  EXPECT_EQ(limited, 11);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(testing::HealthCheck(address, absl::Seconds(1)), "SERVING");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  server->Shutdown();
 }
 
 }  // namespace

@@ -63,6 +63,25 @@ std::string HealthCheck(int port) {
   return testing::HealthCheck("127.0.0.1:" + std::to_string(port));
 }
 
+// Opens `n` TCP connections to 127.0.0.1:port that send nothing (a
+// slowloris); the caller closes them.
+std::vector<int> IdleConnections(int port, int n) {
+  std::vector<int> fds;
+  for (int i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      fds.push_back(fd);
+    } else {
+      close(fd);
+    }
+  }
+  return fds;
+}
+
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -221,7 +240,7 @@ class CoordinatorTest : public ::testing::Test {
 // the daemons expose /metrics.
 TEST_F(CoordinatorTest, JobEndToEndThroughTheCli) {
   StartCoordinator();
-  StartTeacher();
+  StartTeacher("--metrics-port 0 --metrics-port-file " + dir_.Join("teacher.metrics"));
   StartStudent("s0");
   StartStudent("s1");
   testing::WriteFile(dir_.Join("job.yaml"), OnlineJob("e2e", 2, 8, 4));
@@ -251,9 +270,28 @@ TEST_F(CoordinatorTest, JobEndToEndThroughTheCli) {
   EXPECT_EQ(HealthCheck(coordinator_port_), "SERVING");
   EXPECT_EQ(HealthCheck(std::stoi(testing::ReadFile(dir_.Join("teacher.port")))), "SERVING");
   EXPECT_EQ(HealthCheck(std::stoi(testing::ReadFile(dir_.Join("s0.port")))), "SERVING");
+  // Each binds only its --host (127.0.0.1 here; the student daemon's is the
+  // address toward the coordinator): another loopback address finds nothing.
+  for (const std::string port_file : {"coordinator.port", "teacher.port", "s0.port"}) {
+    const int port = std::stoi(testing::ReadFile(dir_.Join(port_file)));
+    EXPECT_NE(testing::HealthCheck("127.0.0.2:" + std::to_string(port), absl::Seconds(1)),
+              "SERVING")
+        << port_file;
+  }
   const int student_metrics = std::stoi(testing::ReadFile(dir_.Join("s0.metrics")));
   EXPECT_NE(HttpGet(student_metrics, "/metrics").find("specstream_student_daemon"),
             std::string::npos);
+  // P13 item 5, against each daemon: with 8 idle connections open to its
+  // metrics port, /healthz still answers within a second.
+  const int teacher_metrics = testing::WaitForPortFile(dir_.Join("teacher.metrics"));
+  for (const int metrics_port : {coordinator_metrics, teacher_metrics, student_metrics}) {
+    const std::vector<int> idle = IdleConnections(metrics_port, 8);
+    EXPECT_EQ(idle.size(), 8u);
+    const absl::Time start = absl::Now();
+    EXPECT_NE(HttpGet(metrics_port, "/healthz").find("200"), std::string::npos) << metrics_port;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << metrics_port;
+    for (int fd : idle) close(fd);
+  }
 }
 
 // Auth, bad input and every exit code of the job commands.
