@@ -455,6 +455,44 @@ TEST_F(CoordinatorTest, StudentDaemonKilledMidJob) {
   EXPECT_NE(CliOut().find("resume: continuing from step"), std::string::npos) << CliOut();
 }
 
+// kill -9 the rank process itself (what the OOM killer does) while its
+// daemon lives on: the job restarts from its checkpoint under max_restarts
+// rather than failing (P13 item 9), and the daemon reclaims what the rank
+// left.
+TEST_F(CoordinatorTest, RankProcessKilledMidJobRestarts) {
+  StartCoordinator();
+  StartTeacher();
+  StartStudent("s0");
+  testing::WriteFile(dir_.Join("job.yaml"), OnlineJob("oom", 1, 300, 5));
+  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id oom-1"), 0) << CliErr();
+  ASSERT_TRUE(WaitFor(
+      "oom-1",
+      [](const nlohmann::json& job) {
+        return job["state"] == "JOB_STATE_RUNNING" && Step(job) >= 10 && Step(job) < 150;
+      },
+      120))
+      << Log("coordinator");
+  // The rank: the daemon's child running `train --config <workdir>/...`.
+  const std::string find =
+      "pgrep -f -- 'train --config " + dir_.Join("work-s0") + "' > " + dir_.Join("rank.pid");
+  ASSERT_EQ(std::system(find.c_str()), 0) << Log("s0");
+  const pid_t rank = std::stoi(testing::ReadFile(dir_.Join("rank.pid")));
+  ASSERT_EQ(kill(rank, SIGKILL), 0);
+  ASSERT_EQ(Cli("wait oom-1 --timeout 300"), 0) << CliErr() << Log("coordinator") << Log("s0");
+  nlohmann::json job = Status("oom-1");
+  EXPECT_EQ(job["state"], "JOB_STATE_SUCCEEDED") << job.dump();
+  EXPECT_EQ(job.value("attempt", 0), 1) << job.dump();
+  EXPECT_EQ(Step(job), 300);
+  ASSERT_EQ(Cli("logs oom-1"), 0);
+  EXPECT_NE(CliOut().find("exited with code 137"), std::string::npos) << CliOut();
+  EXPECT_NE(CliOut().find("resume: continuing from step"), std::string::npos) << CliOut();
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_NE(entry.path().filename().string().rfind("specstream-" + std::to_string(rank) + "-", 0),
+              0u)
+        << entry.path();
+  }
+}
+
 // The coordinator serving TLS only: the CLI and the daemons verify it with
 // --tls-ca, and a job runs; a client without the CA cannot connect.
 TEST_F(CoordinatorTest, TlsCoordinator) {
