@@ -283,8 +283,10 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
                const torch::Tensor& payload) override {
     auto it = requests_.find(request_id);
     if (it == requests_.end()) return;  // superseded
-    Slot& slot = slots_[it->second];
+    // The index is read before the erase: `it` is dangling after it.
+    const int64_t index = it->second;
     requests_.erase(it);
+    Slot& slot = slots_[index];
     slot.request_id = 0;
     if (slot.stream != nullptr) {
       // Its teacher serves again: a later loss starts a new grace.
@@ -292,7 +294,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       teacher.lost_since = absl::InfiniteFuture();
       teacher.attempts = 0;
     }
-    slot.sample = Decode(it->second, slot.rows, contract, row_begin, payload);
+    slot.sample = Decode(index, slot.rows, contract, row_begin, payload);
     slot.ready = true;
     cv_.notify_all();
   }
