@@ -108,7 +108,8 @@ int main() {
   const pid_t teacher = (*hosts)->Spawn(
       0,
       {SPECSTREAM_TEACHER_PATH, "serve", "--model", dir + "/target", "--devices", "cpu", "--host",
-       "0.0.0.0", "--port", "7100", "--keep-target-ids", "--port-file", dir + "/teacher.port"},
+       "0.0.0.0", "--port", "7100", "--keep-target-ids", "--port-file", dir + "/teacher.port",
+       "--insecure-no-auth"},  // hosts of this benchmark's own; it measures links, not auth
       {"OMP_NUM_THREADS=1"}, dir + "/teacher.log");
   for (int i = 0;
        i < 600 && !std::filesystem::exists(dir + "/teacher.port") && (*hosts)->Poll(teacher) == -1;
