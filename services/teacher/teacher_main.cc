@@ -300,6 +300,19 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   // Handlers first, so a signal that arrives while the model loads still
   // ends in an orderly shutdown once it has loaded.
   RETURN_IF_ERROR(InstallShutdownSignals());
+  // Who may stream, decided before the model loads (which can take minutes).
+  ASSIGN_OR_RETURN(const std::string token, LoadToken(serve.token_file));
+  if (!serve.coordinator.empty() && token.empty() && !serve.insecure_no_auth) {
+    return absl::InvalidArgumentError(
+        "--token-file: required with --coordinator (this daemon's credential; or "
+        "--insecure-no-auth for a coordinator without authentication)");
+  }
+  if (serve.coordinator.empty() && token.empty() && !serve.insecure_no_auth &&
+      !IsLoopbackHost(serve.host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--token-file: required to serve on ", serve.host,
+        " (anyone who reaches the port could stream hidden states); or --insecure-no-auth"));
+  }
 
   ASSIGN_OR_RETURN(auto launched, flags.Launch());
   services::TeacherServerOptions options;
@@ -314,25 +327,15 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   options.service.nccl_device = nccl_device;
   options.service.nccl_timeout = absl::Seconds(serve.nccl_timeout_s);
   options.tls = serve.tls;
-  ASSIGN_OR_RETURN(const std::string token, LoadToken(serve.token_file));
   services::JobTokenSet job_tokens;
   std::unique_ptr<services::Registration> registration;
   if (!serve.coordinator.empty()) {
-    if (token.empty() && !serve.insecure_no_auth) {
-      return absl::InvalidArgumentError(
-          "--token-file: required with --coordinator (this daemon's credential; or "
-          "--insecure-no-auth for a coordinator without authentication)");
-    }
     options.service.authorize = [&job_tokens](const std::string& presented,
                                               std::function<void(absl::Status)> done) {
       job_tokens.Admit(presented, absl::Seconds(3), std::move(done));
     };
   } else if (!token.empty()) {
     options.service.authorize = services::TokenAuthorizer(token);
-  } else if (!serve.insecure_no_auth && !IsLoopbackHost(serve.host)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--token-file: required to serve on ", serve.host,
-        " (anyone who reaches the port could stream hidden states); or --insecure-no-auth"));
   } else {
     SS_LOG_WARN("serve: NO AUTHENTICATION: any client that reaches {} can stream hidden states{}",
                 serve.host,

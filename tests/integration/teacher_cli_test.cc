@@ -163,6 +163,14 @@ TEST_F(TeacherCliTest, ImpossibleLayoutsAndBadInputFailFastWithReasons) {
     EXPECT_NE(Stderr().find("--capture-layers: "), std::string::npos) << ids << ": " << Stderr();
     EXPECT_NE(Stderr().find("--capture-for any"), std::string::npos) << Stderr();
   }
+  // P13 item 1: no token, no stream for whoever reaches a non-loopback port;
+  // said before the model loads.
+  EXPECT_EQ(Run(serve + "--host 0.0.0.0"), 2);
+  EXPECT_NE(Stderr().find("--token-file: required to serve on 0.0.0.0"), std::string::npos)
+      << Stderr();
+  EXPECT_EQ(Run(serve + "--coordinator 127.0.0.1:1"), 2);
+  EXPECT_NE(Stderr().find("--token-file: required with --coordinator"), std::string::npos)
+      << Stderr();
   EXPECT_EQ(Run(serve + "--capture-layers 1,7,2"), 2);
   EXPECT_NE(Stderr().find("--capture-layers: "), std::string::npos) << Stderr();
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("store")));
