@@ -334,15 +334,23 @@ TEST_F(MetricsHttpServerTest, HealthzNotFoundAndBadRequests) {
   EXPECT_EQ(RawRequest(server_->port(), Get("/healthz")).body, "ok");
 }
 
+// Adds to `held` `idle` connections that send nothing and one more that has
+// sent `partial` (part of a request line), once the server had time to
+// accept them.
+void HoldIdleAndOneHalfSent(HeldSockets& held, int port, int idle, const std::string& partial) {
+  for (int i = 0; i < idle; ++i) held.Add(Connect(port));
+  const int slow = held.Add(Connect(port));
+  ASSERT_EQ(held.size(), static_cast<size_t>(idle + 1));
+  ASSERT_EQ(send(slow, partial.data(), partial.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(partial.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them be accepted
+}
+
 TEST_F(MetricsHttpServerTest, HealthzAnswersWhileIdleAndSlowClientsHoldConnections) {
   // The reproduction: six clients connect and send nothing, a seventh
   // has sent half a request line. None of them may delay a probe.
   HeldSockets held;
-  for (int i = 0; i < 6; ++i) held.Add(Connect(server_->port()));
-  int slow = held.Add(Connect(server_->port()));
-  ASSERT_EQ(held.size(), 7u);
-  ASSERT_EQ(send(slow, "GET /heal", 9, MSG_NOSIGNAL), 9);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them be accepted
+  ASSERT_NO_FATAL_FAILURE(HoldIdleAndOneHalfSent(held, server_->port(), 6, "GET /heal"));
 
   Clock::time_point start = Clock::now();
   HttpReply health = RawRequest(server_->port(), Get("/healthz"));
@@ -402,11 +410,7 @@ TEST_F(MetricsHttpServerTest, DestructorReturnsPromptlyWithIdleClientsConnected)
   // Clients that connect and never finish a request must not hold up
   // shutdown: not one, not many, not one mid-response.
   HeldSockets held;
-  for (int i = 0; i < 20; ++i) held.Add(Connect(server_->port()));
-  int slow = held.Add(Connect(server_->port()));
-  ASSERT_EQ(held.size(), 21u);
-  ASSERT_EQ(send(slow, "GET /metr", 9, MSG_NOSIGNAL), 9);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them be accepted
+  ASSERT_NO_FATAL_FAILURE(HoldIdleAndOneHalfSent(held, server_->port(), 20, "GET /metr"));
 
   Clock::time_point start = Clock::now();
   server_.reset();
