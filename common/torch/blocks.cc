@@ -9,7 +9,8 @@
 namespace specstream::nn {
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  torch::Tensor h = x.to(torch::kFloat32);
+  // fp32 math for fp32/bf16/fp16 (HF); float64 stays float64 (exactness tests).
+  torch::Tensor h = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
   torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * torch::rsqrt(variance + eps);
   return weight * h.to(x.scalar_type());

@@ -17,8 +17,8 @@
 
 namespace specstream::nn {
 
-// LlamaRMSNorm: x * rsqrt(mean(x², -1) + eps) computed in fp32, cast back to
-// x's dtype, then scaled by `weight`.
+// LlamaRMSNorm: x * rsqrt(mean(x², -1) + eps) computed in fp32 (float64 for
+// float64 x), cast back to x's dtype, then scaled by `weight`.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // y = x Wᵀ (+ b).

@@ -1,0 +1,273 @@
+#include "student/block_attention.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace specstream::student {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// q is viewed as [B, Hkv, G, N, bs, D] (G = Hq / Hkv); a chunk of nc blocks
+// is flattened to [B, Hkv, G·nc·bs, D] so that one batched matmul against a
+// context key block serves every query head of a kv head.
+struct Dims {
+  int64_t batch, q_heads, kv_heads, group, blocks, bs, rows, context, d;
+};
+
+torch::ScalarType ComputeType(torch::ScalarType input) {
+  return input == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+Dims DimsOf(const torch::Tensor& q, const torch::Tensor& kc, int64_t block_size) {
+  Dims d{};
+  d.batch = q.size(0);
+  d.q_heads = q.size(1);
+  d.kv_heads = kc.size(1);
+  d.group = d.q_heads / d.kv_heads;
+  d.rows = q.size(2);
+  d.bs = block_size;
+  d.blocks = d.rows / block_size;
+  d.context = kc.size(2);
+  d.d = q.size(3);
+  return d;
+}
+
+// One chunk of blocks [j0, j0 + nc): its largest and smallest context limit.
+struct Chunk {
+  int64_t j0, nc, max_limit, min_limit;
+};
+
+std::vector<Chunk> Chunks(const Dims& dims, const torch::Tensor& limit, int64_t query_rows) {
+  const int64_t per_chunk = std::max<int64_t>(1, query_rows / std::max<int64_t>(1, dims.bs));
+  const auto lim = limit.accessor<int64_t, 2>();
+  std::vector<Chunk> chunks;
+  for (int64_t j0 = 0; j0 < dims.blocks; j0 += per_chunk) {
+    Chunk c{j0, std::min(per_chunk, dims.blocks - j0), 0, std::numeric_limits<int64_t>::max()};
+    for (int64_t b = 0; b < dims.batch; ++b) {
+      for (int64_t j = j0; j < j0 + c.nc; ++j) {
+        c.max_limit = std::max(c.max_limit, lim[b][j]);
+        c.min_limit = std::min(c.min_limit, lim[b][j]);
+      }
+    }
+    if (dims.batch == 0) c.min_limit = 0;
+    chunks.push_back(c);
+  }
+  return chunks;
+}
+
+// Context scores of a flattened query chunk against keys [ks, ks + lk),
+// scaled, with keys at or past each block's limit hidden: [B, Hkv, rows, lk].
+torch::Tensor ContextScores(const torch::Tensor& qf, const torch::Tensor& kcb,
+                            const torch::Tensor& chunk_limit, const Chunk& c, int64_t ks,
+                            int64_t lk, double scale, const Dims& dims) {
+  torch::Tensor s = torch::matmul(qf, kcb.transpose(-1, -2)).mul_(scale);
+  if (ks + lk > c.min_limit) {
+    torch::Tensor keys = torch::arange(ks, ks + lk, chunk_limit.options());
+    torch::Tensor hidden = keys.view({1, 1, lk}) > chunk_limit.unsqueeze(-1);  // [B, nc, lk]
+    s.view({dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs, lk})
+        .masked_fill_(hidden.view({dims.batch, 1, 1, c.nc, 1, lk}),
+                      -std::numeric_limits<double>::infinity());
+  }
+  return s;
+}
+
+class BlockAttentionFunction final : public torch::autograd::Function<BlockAttentionFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& kc, const torch::Tensor& vc,
+                               const torch::Tensor& kb, const torch::Tensor& vb,
+                               const torch::Tensor& limit, int64_t block_size, double scale,
+                               int64_t query_rows, int64_t key_block) {
+    const Dims dims = DimsOf(q, kc, block_size);
+    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const torch::Tensor limit_dev = limit.to(q.device());
+    const torch::Tensor q6 =
+        q.reshape({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
+    const torch::Tensor kb5 = kb.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
+    const torch::Tensor vb5 = vb.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
+    torch::Tensor out = torch::empty_like(q, torch::MemoryFormat::Contiguous);
+    torch::Tensor lse = torch::empty({dims.batch, dims.q_heads, dims.rows}, q.options().dtype(ct));
+    torch::Tensor out6 =
+        out.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
+    torch::Tensor lse5 = lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
+
+    for (const Chunk& c : Chunks(dims, limit, query_rows)) {
+      const int64_t rows = dims.group * c.nc * dims.bs;
+      const std::vector<int64_t> shape6 = {dims.batch, dims.kv_heads, dims.group,
+                                           c.nc,       dims.bs,       dims.d};
+      torch::Tensor qc = q6.narrow(3, c.j0, c.nc).to(ct);
+      torch::Tensor qf = qc.reshape({dims.batch, dims.kv_heads, rows, dims.d});
+      torch::Tensor kbc = kb5.narrow(2, c.j0, c.nc).to(ct);
+      torch::Tensor vbc = vb5.narrow(2, c.j0, c.nc).to(ct);
+      // Own block first: every row sees it, so the running max is finite
+      // before any (possibly fully hidden) context block.
+      torch::Tensor sb = torch::einsum("bhgnid,bhnjd->bhgnij", {qc, kbc}).mul_(scale);
+      torch::Tensor m = std::get<0>(sb.max(-1));
+      torch::Tensor p = (sb - m.unsqueeze(-1)).exp_();
+      torch::Tensor l = p.sum(-1).reshape({dims.batch, dims.kv_heads, rows});
+      torch::Tensor acc =
+          torch::einsum("bhgnij,bhnjd->bhgnid", {p, vbc}).reshape({dims.batch, dims.kv_heads, rows, dims.d});
+      m = m.reshape({dims.batch, dims.kv_heads, rows});
+
+      const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
+      for (int64_t ks = 0; ks < c.max_limit; ks += key_block) {
+        const int64_t lk = std::min(key_block, c.max_limit - ks);
+        torch::Tensor kcb = kc.narrow(2, ks, lk).to(ct);
+        torch::Tensor vcb = vc.narrow(2, ks, lk).to(ct);
+        torch::Tensor s = ContextScores(qf, kcb, chunk_limit, c, ks, lk, scale, dims);
+        torch::Tensor m_new = torch::maximum(m, s.amax(-1));
+        torch::Tensor alpha = (m - m_new).exp_();
+        torch::Tensor pc = (s - m_new.unsqueeze(-1)).exp_();
+        l.mul_(alpha).add_(pc.sum(-1));
+        acc.mul_(alpha.unsqueeze(-1)).add_(torch::matmul(pc, vcb));
+        m = m_new;
+      }
+      out6.narrow(3, c.j0, c.nc).copy_((acc / l.unsqueeze(-1)).view(shape6));
+      lse5.narrow(3, c.j0, c.nc)
+          .copy_((m + l.log()).view({dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs}));
+    }
+
+    ctx->save_for_backward({q, kc, vc, kb, vb, limit, out, lse});
+    ctx->saved_data["block_size"] = block_size;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["query_rows"] = query_rows;
+    ctx->saved_data["key_block"] = key_block;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &kc = saved[1], &vc = saved[2], &kb = saved[3],
+                        &vb = saved[4], &limit = saved[5], &out = saved[6], &lse = saved[7];
+    const int64_t block_size = ctx->saved_data["block_size"].toInt();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t query_rows = ctx->saved_data["query_rows"].toInt();
+    const int64_t key_block = ctx->saved_data["key_block"].toInt();
+    const Dims dims = DimsOf(q, kc, block_size);
+    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const torch::Tensor limit_dev = limit.to(q.device());
+
+    auto as6 = [&](const torch::Tensor& x) {
+      return x.reshape({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
+    };
+    auto as5 = [&](const torch::Tensor& x) {
+      return x.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
+    };
+    const torch::Tensor q6 = as6(q), out6 = as6(out), do6 = as6(grad_outputs[0]);
+    const torch::Tensor kb5 = as5(kb), vb5 = as5(vb);
+    const torch::Tensor lse5 = lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
+
+    torch::Tensor dq = torch::empty_like(q, torch::MemoryFormat::Contiguous);
+    torch::Tensor dkb = torch::empty_like(kb, torch::MemoryFormat::Contiguous);
+    torch::Tensor dvb = torch::empty_like(vb, torch::MemoryFormat::Contiguous);
+    // Every chunk reads the context keys before its limits: accumulate.
+    torch::Tensor dkc = torch::zeros(kc.sizes(), kc.options().dtype(ct));
+    torch::Tensor dvc = torch::zeros(vc.sizes(), vc.options().dtype(ct));
+    torch::Tensor dq6 = as6(dq), dkb5 = as5(dkb), dvb5 = as5(dvb);
+
+    for (const Chunk& c : Chunks(dims, limit, query_rows)) {
+      const int64_t rows = dims.group * c.nc * dims.bs;
+      const std::vector<int64_t> shape6 = {dims.batch, dims.kv_heads, dims.group,
+                                           c.nc,       dims.bs,       dims.d};
+      const std::vector<int64_t> flat = {dims.batch, dims.kv_heads, rows, dims.d};
+      torch::Tensor qc = q6.narrow(3, c.j0, c.nc).to(ct);
+      torch::Tensor doc = do6.narrow(3, c.j0, c.nc).to(ct);
+      torch::Tensor qf = qc.reshape(flat), dof = doc.reshape(flat);
+      torch::Tensor lsec = lse5.narrow(3, c.j0, c.nc);  // [B, Hkv, G, nc, bs]
+      // Δ = rowsum(dO ∘ O), the softmax-Jacobian correction.
+      torch::Tensor delta = (doc * out6.narrow(3, c.j0, c.nc).to(ct)).sum(-1);  // [B,Hkv,G,nc,bs]
+      torch::Tensor kbc = kb5.narrow(2, c.j0, c.nc).to(ct);
+      torch::Tensor vbc = vb5.narrow(2, c.j0, c.nc).to(ct);
+
+      // Own block: each block's keys are seen by its own rows only, so their
+      // gradients are written once (summed over the group's query heads).
+      torch::Tensor pb = torch::einsum("bhgnid,bhnjd->bhgnij", {qc, kbc})
+                             .mul_(scale)
+                             .sub_(lsec.unsqueeze(-1))
+                             .exp_();
+      dvb5.narrow(2, c.j0, c.nc).copy_(torch::einsum("bhgnij,bhgnid->bhnjd", {pb, doc}));
+      torch::Tensor dsb = torch::einsum("bhgnid,bhnjd->bhgnij", {doc, vbc})
+                              .sub_(delta.unsqueeze(-1))
+                              .mul_(pb);
+      torch::Tensor dqc = torch::einsum("bhgnij,bhnjd->bhgnid", {dsb, kbc}).reshape(flat);
+      dkb5.narrow(2, c.j0, c.nc)
+          .copy_(torch::einsum("bhgnij,bhgnid->bhnjd", {dsb, qc}).mul_(scale));
+
+      const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
+      const torch::Tensor lsef = lsec.reshape({dims.batch, dims.kv_heads, rows, 1});
+      const torch::Tensor deltaf = delta.reshape({dims.batch, dims.kv_heads, rows, 1});
+      for (int64_t ks = 0; ks < c.max_limit; ks += key_block) {
+        const int64_t lk = std::min(key_block, c.max_limit - ks);
+        torch::Tensor kcb = kc.narrow(2, ks, lk).to(ct);
+        torch::Tensor vcb = vc.narrow(2, ks, lk).to(ct);
+        torch::Tensor p =
+            ContextScores(qf, kcb, chunk_limit, c, ks, lk, scale, dims).sub_(lsef).exp_();
+        dvc.narrow(2, ks, lk).add_(torch::matmul(p.transpose(-1, -2), dof));
+        torch::Tensor ds = torch::matmul(dof, vcb.transpose(-1, -2)).sub_(deltaf).mul_(p);
+        dqc.add_(torch::matmul(ds, kcb));
+        dkc.narrow(2, ks, lk).add_(torch::matmul(ds.transpose(-1, -2), qf), scale);
+      }
+      dq6.narrow(3, c.j0, c.nc).copy_(dqc.mul_(scale).view(shape6));
+    }
+    // One gradient per forward argument (limit and the scalars get none).
+    return {dq,
+            dkc.to(kc.scalar_type()),
+            dvc.to(vc.scalar_type()),
+            dkb,
+            dvb,
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor BlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
+                             const torch::Tensor& vc, const torch::Tensor& kb,
+                             const torch::Tensor& vb, const torch::Tensor& limit,
+                             int64_t block_size, const BlockAttentionOptions& options) {
+  TORCH_CHECK(q.dim() == 4, "BlockAttention: q must be [B, Hq, N·bs, D], got ", q.sizes());
+  TORCH_CHECK(kc.dim() == 4 && kc.sizes() == vc.sizes(),
+              "BlockAttention: kc and vc must both be [B, Hkv, S, D], got ", kc.sizes(), " and ",
+              vc.sizes());
+  TORCH_CHECK(kb.dim() == 4 && kb.sizes() == vb.sizes(),
+              "BlockAttention: kb and vb must both be [B, Hkv, N·bs, D], got ", kb.sizes(),
+              " and ", vb.sizes());
+  TORCH_CHECK(block_size > 0, "BlockAttention: block_size must be positive");
+  const int64_t batch = q.size(0), q_heads = q.size(1), rows = q.size(2), d = q.size(3);
+  const int64_t kv_heads = kc.size(1);
+  TORCH_CHECK(rows % block_size == 0, "BlockAttention: ", rows,
+              " query rows are not whole blocks of ", block_size);
+  TORCH_CHECK(kv_heads > 0 && q_heads % kv_heads == 0, "BlockAttention: Hq (", q_heads,
+              ") must be a multiple of Hkv (", kv_heads, ")");
+  TORCH_CHECK(kc.size(0) == batch && kc.size(3) == d, "BlockAttention: kc ", kc.sizes(),
+              " does not match q ", q.sizes());
+  TORCH_CHECK(kb.size(0) == batch && kb.size(1) == kv_heads && kb.size(2) == rows &&
+                  kb.size(3) == d,
+              "BlockAttention: kb ", kb.sizes(), " does not match q ", q.sizes());
+  TORCH_CHECK(at::isFloatingType(q.scalar_type()), "BlockAttention: q must be floating point");
+  for (const torch::Tensor* t : {&kc, &vc, &kb, &vb}) {
+    TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(),
+                "BlockAttention: q, kc, vc, kb and vb must share dtype and device");
+  }
+  TORCH_CHECK(limit.device().is_cpu() && limit.scalar_type() == torch::kInt64 &&
+                  limit.dim() == 2 && limit.size(0) == batch && limit.size(1) == rows / block_size,
+              "BlockAttention: limit must be a CPU int64 [B, N] = [", batch, ", ",
+              rows / block_size, "], got ", limit.sizes());
+  const torch::Tensor lim = limit.contiguous();
+  if (lim.numel() > 0) {
+    TORCH_CHECK(lim.min().item<int64_t>() >= 0 && lim.max().item<int64_t>() <= kc.size(2),
+                "BlockAttention: context limits must lie in [0, ", kc.size(2), "]");
+  }
+  TORCH_CHECK(options.query_rows > 0 && options.key_block > 0,
+              "BlockAttention: query_rows and key_block must be positive");
+  return BlockAttentionFunction::apply(q, kc, vc, kb, vb, lim, block_size, options.scale,
+                                       options.query_rows, options.key_block);
+}
+
+}  // namespace specstream::student

@@ -1,0 +1,448 @@
+#include "student/block_draft.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "common/torch/tensor_util.h"
+#include "student/block_attention.h"
+
+namespace specstream::student {
+namespace {
+
+constexpr double kInitStd = 0.02;
+// Full-vocab logits held at once by the loss's chunks when not configured.
+constexpr int64_t kLossChunkLogits = int64_t{1} << 21;
+
+// SplitMix64: the key of a sample's anchor stream from (seed, step, sample).
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [0, n) by rejection (no modulo bias; std's distributions are
+// implementation-defined, this is the same everywhere).
+uint64_t UniformBelow(std::mt19937_64& rng, uint64_t n) {
+  const uint64_t limit = std::numeric_limits<uint64_t>::max() -
+                         std::numeric_limits<uint64_t>::max() % n;
+  uint64_t x;
+  do {
+    x = rng();
+  } while (x >= limit);
+  return x % n;
+}
+
+}  // namespace
+
+const char* BlockDraftKindName(BlockDraftKind kind) {
+  return kind == BlockDraftKind::kDFlash ? "dflash" : "dspark";
+}
+
+double CalibrationError(const double* bins, int64_t num_bins) {
+  double count = 0, gap = 0;
+  for (int64_t i = 0; i < num_bins; ++i) {
+    count += bins[3 * i];
+    gap += std::abs(bins[3 * i + 1] - bins[3 * i + 2]);
+  }
+  return count > 0 ? gap / count : 0.0;
+}
+
+BlockAnchors SampleBlockAnchors(const DraftBatch& batch, const std::vector<int64_t>& sample_keys,
+                                uint64_t seed, int64_t step, int64_t num_anchors) {
+  const int64_t b = batch.input_ids.size(0);
+  const torch::Tensor mask = batch.loss_mask.to(torch::kCPU).to(torch::kUInt8).contiguous();
+  const int64_t t = mask.size(1);
+  std::vector<std::vector<int64_t>> chosen(b);
+  int64_t width = 1;
+  for (int64_t row = 0; row < b; ++row) {
+    const uint8_t* m = mask.data_ptr<uint8_t>() + row * t;
+    const int64_t len = std::min(batch.host_lengths[row], t);
+    std::vector<int64_t> candidates;
+    for (int64_t i = 0; i + 1 < len; ++i) {
+      if (m[i] != 0 && m[i + 1] != 0) candidates.push_back(i);
+    }
+    const int64_t n = std::min<int64_t>(num_anchors, static_cast<int64_t>(candidates.size()));
+    std::mt19937_64 rng(Mix(Mix(Mix(seed) ^ static_cast<uint64_t>(step)) ^
+                            static_cast<uint64_t>(sample_keys[row])));
+    // Partial Fisher-Yates: the first n entries are a uniform subset.
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = i + static_cast<int64_t>(
+                                UniformBelow(rng, static_cast<uint64_t>(candidates.size() - i)));
+      std::swap(candidates[i], candidates[j]);
+    }
+    candidates.resize(n);
+    std::sort(candidates.begin(), candidates.end());
+    width = std::max(width, n);
+    chosen[row] = std::move(candidates);
+  }
+  BlockAnchors out;
+  out.anchors = torch::zeros({b, width}, torch::kInt64);
+  out.keep = torch::zeros({b, width}, torch::kBool);
+  auto anchors = out.anchors.accessor<int64_t, 2>();
+  auto keep = out.keep.accessor<bool, 2>();
+  for (int64_t row = 0; row < b; ++row) {
+    for (size_t j = 0; j < chosen[row].size(); ++j) {
+      anchors[row][j] = chosen[row][j];
+      keep[row][j] = true;
+    }
+  }
+  return out;
+}
+
+torch::Tensor& BlockDraft::Add(const std::string& name, torch::Tensor value) {
+  index_[name] = params_.size();
+  params_.emplace_back(name, value.to(torch::kFloat32).contiguous());
+  return params_.back().second;
+}
+
+torch::Tensor& BlockDraft::parameter(const std::string& name) {
+  return params_.at(index_.at(name)).second;
+}
+
+absl::StatusOr<std::unique_ptr<BlockDraft>> BlockDraft::Create(const DraftShape& shape,
+                                                               const BlockDraftOptions& options,
+                                                               const std::string& target_dir,
+                                                               uint64_t seed,
+                                                               torch::Device device) {
+  const DraftShape& s = shape;
+  const BlockDraftOptions& o = options;
+  const char* type = BlockDraftKindName(o.kind);
+  auto refuse = [&](const std::string& field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("model.draft.", field, ": ", why, " (", type,
+                                                   " draft)"));
+  };
+  for (auto [field, v] :
+       {std::pair<const char*, int64_t>{"hidden_size", s.hidden_size},
+        {"intermediate_size", s.intermediate_size},
+        {"num_attention_heads", s.num_attention_heads},
+        {"num_key_value_heads", s.num_key_value_heads},
+        {"head_dim", s.head_dim},
+        {"num_layers", o.num_layers},
+        {"block_size", o.block_size},
+        {"num_anchors", o.num_anchors}}) {
+    if (v <= 0) return refuse(field, absl::StrCat("must be positive, got ", v));
+  }
+  if (s.num_attention_heads % s.num_key_value_heads != 0) {
+    return refuse("num_key_value_heads", "must divide num_attention_heads");
+  }
+  if (s.hidden_size != s.target_hidden_size) {
+    return refuse("hidden_size", absl::StrCat(s.hidden_size, " must equal the target's ",
+                                              s.target_hidden_size,
+                                              " (the draft reuses its embeddings and lm_head)"));
+  }
+  if (o.kind == BlockDraftKind::kDFlash && o.block_size < 2) {
+    return refuse("block_size", "must be >= 2 (slot 0 is never trained)");
+  }
+  if (o.target_layer_ids.empty() ||
+      static_cast<int64_t>(o.target_layer_ids.size()) != s.num_captures) {
+    return refuse("target_layer_ids",
+                  absl::StrCat(o.target_layer_ids.size(), " ids for ", s.num_captures,
+                               " captured layers in the data"));
+  }
+  if (o.mask_token_id < 0 || o.mask_token_id >= s.target_vocab_size) {
+    return refuse("mask_token_id", absl::StrCat(o.mask_token_id, " is not a row of the target's ",
+                                                s.target_vocab_size, " embeddings"));
+  }
+  if (!(o.loss_decay_gamma > 0) || !std::isfinite(o.loss_decay_gamma)) {
+    return refuse("loss_decay_gamma", "must be a finite number > 0");
+  }
+  if (o.kind == BlockDraftKind::kDSpark && o.markov_rank <= 0) {
+    return refuse("markov_rank", "must be positive");
+  }
+
+  std::unique_ptr<BlockDraft> draft(new BlockDraft());
+  draft->shape_ = s;
+  draft->options_ = o;
+  const int64_t H = s.hidden_size, V = s.target_vocab_size;
+  ASSIGN_OR_RETURN(auto checkpoint, CheckpointTensors::Open(target_dir));
+  ASSIGN_OR_RETURN(TensorView embed_view, checkpoint->Get("model.embed_tokens.weight"));
+  if (embed_view.shape != std::vector<int64_t>{V, H}) {
+    return absl::InvalidArgumentError(
+        "target model.embed_tokens.weight does not match [vocab, hidden]");
+  }
+  ASSIGN_OR_RETURN(draft->embed_, TensorFromView(embed_view, torch::kFloat32, device));
+  draft->lm_head_ = draft->embed_;
+  if (checkpoint->Contains("lm_head.weight")) {
+    ASSIGN_OR_RETURN(TensorView head_view, checkpoint->Get("lm_head.weight"));
+    if (head_view.shape != std::vector<int64_t>{V, H}) {
+      return absl::InvalidArgumentError("target lm_head.weight does not match [vocab, hidden]");
+    }
+    ASSIGN_OR_RETURN(draft->lm_head_, TensorFromView(head_view, torch::kFloat32, device));
+  }
+
+  // HF-style init on the host: linears N(0, 0.02), norms 1. The Markov
+  // head's output starts at zero, so training starts from the target's
+  // lm_head alone.
+  auto gen = at::detail::createCPUGenerator(seed);
+  auto normal = [&](std::vector<int64_t> dims) {
+    return at::normal(0.0, kInitStd, dims, gen, torch::TensorOptions().dtype(torch::kFloat32));
+  };
+  const int64_t A = s.num_attention_heads, B = s.num_key_value_heads, D = s.head_dim;
+  const int64_t I = s.intermediate_size;
+  draft->Add("fc.weight", normal({H, s.num_captures * H}));
+  draft->Add("hidden_norm.weight", torch::ones({H}));
+  for (int64_t i = 0; i < o.num_layers; ++i) {
+    const std::string p = absl::StrCat("layers.", i, ".");
+    draft->Add(p + "self_attn.q_proj.weight", normal({A * D, H}));
+    draft->Add(p + "self_attn.k_proj.weight", normal({B * D, H}));
+    draft->Add(p + "self_attn.v_proj.weight", normal({B * D, H}));
+    draft->Add(p + "self_attn.o_proj.weight", normal({H, A * D}));
+    draft->Add(p + "self_attn.q_norm.weight", torch::ones({D}));
+    draft->Add(p + "self_attn.k_norm.weight", torch::ones({D}));
+    draft->Add(p + "mlp.gate_proj.weight", normal({I, H}));
+    draft->Add(p + "mlp.up_proj.weight", normal({I, H}));
+    draft->Add(p + "mlp.down_proj.weight", normal({H, I}));
+    draft->Add(p + "input_layernorm.weight", torch::ones({H}));
+    draft->Add(p + "post_attention_layernorm.weight", torch::ones({H}));
+  }
+  draft->Add("norm.weight", torch::ones({H}));
+  if (o.kind == BlockDraftKind::kDSpark) {
+    const int64_t r = o.markov_rank;
+    draft->Add("markov_head.markov_w1.weight", normal({V, r}));
+    draft->Add("markov_head.markov_w2.weight", torch::zeros({V, r}));
+    if (o.confidence_head) {
+      draft->Add("confidence_head.proj.weight",
+                 normal({1, o.confidence_with_markov ? H + r : H}));
+      draft->Add("confidence_head.proj.bias", torch::zeros({1}));
+    }
+  }
+  for (auto& [name, p] : draft->params_) p = p.detach().to(device).set_requires_grad(true);
+  ASSIGN_OR_RETURN(auto rotary,
+                   nn::Rotary::Create(D, s.rope_theta, s.rope_scaling, s.max_position_embeddings));
+  draft->rotary_.emplace(std::move(rotary));
+  return draft;
+}
+
+std::pair<torch::Tensor, torch::Tensor> BlockDraft::LabelsAndWeights(
+    const DraftBatch& batch, const torch::Tensor& anchors, const torch::Tensor& keep) const {
+  torch::NoGradGuard no_grad;
+  const int64_t b = anchors.size(0), n = anchors.size(1), bs = options_.block_size;
+  const int64_t t = batch.input_ids.size(1);
+  const auto i64 = anchors.options();
+  const torch::Tensor k = torch::arange(bs, i64);
+  const torch::Tensor len = batch.lengths.view({b, 1, 1});
+  const torch::Tensor kept = keep.unsqueeze(-1);
+  auto gather = [&](const torch::Tensor& x, const torch::Tensor& pos) {
+    return x.gather(1, pos.clamp(0, std::max<int64_t>(t - 1, 0)).reshape({b, -1}))
+        .view({b, n, bs});
+  };
+  const torch::Tensor pos = anchors.unsqueeze(-1) + k;  // [B, N, bs]
+  const double gamma = options_.loss_decay_gamma;
+  torch::Tensor labels, weights;
+  if (options_.kind == BlockDraftKind::kDFlash) {
+    labels = gather(batch.input_ids, pos);
+    torch::Tensor valid = kept & (pos < len) & (k > 0) & (gather(batch.loss_mask, pos) != 0);
+    torch::Tensor decay = torch::exp(-(k).to(torch::kFloat64) / gamma);
+    weights = valid.to(torch::kFloat64) * decay;
+  } else {
+    const torch::Tensor next = pos + 1;
+    labels = gather(batch.input_ids, next);
+    torch::Tensor eval = kept & (next < len) & (gather(batch.loss_mask, next) != 0);
+    // Only the contiguous supervised prefix of a block counts.
+    eval = eval.to(torch::kInt64).cumprod(-1);
+    weights = eval.to(torch::kFloat64) * torch::exp(-k.to(torch::kFloat64) / gamma);
+  }
+  return {labels, weights};
+}
+
+torch::Tensor BlockDraft::WeightSum(const DraftBatch& batch, const BlockAnchors& anchors) const {
+  const torch::Device dev = batch.input_ids.device();
+  return LabelsAndWeights(batch, anchors.anchors.to(dev), anchors.keep.to(dev)).second.sum();
+}
+
+absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
+                                                 const BlockAnchors& anchors,
+                                                 const torch::Tensor& global_weight_sum,
+                                                 torch::Dtype cd) {
+  BlockOutputs out;
+  absl::Status status = CatchTorch("block draft forward", [&] {
+    const DraftShape& s = shape_;
+    const BlockDraftOptions& o = options_;
+    const bool dspark = o.kind == BlockDraftKind::kDSpark;
+    const int64_t b = batch.input_ids.size(0), ctx_len = batch.aux_hidden.size(1);
+    TORCH_CHECK(batch.offset == 0 && batch.input_ids.size(1) == ctx_len,
+                "block draft forward: the batch must hold whole samples (no context parallelism)");
+    TORCH_CHECK(anchors.anchors.dim() == 2 && anchors.anchors.size(0) == b &&
+                    anchors.keep.sizes() == anchors.anchors.sizes(),
+                "block draft forward: anchors ", anchors.anchors.sizes(), " do not match ", b,
+                " samples");
+    const int64_t n = anchors.anchors.size(1), bs = o.block_size, m = n * bs;
+    const int64_t H = s.hidden_size, A = s.num_attention_heads, KV = s.num_key_value_heads;
+    const int64_t D = s.head_dim, V = s.target_vocab_size;
+    const double eps = s.rms_norm_eps;
+    const torch::Device dev = device();
+    const torch::ScalarType ft = cd == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    auto P = [&](const std::string& name) { return parameter(name).to(cd); };
+
+    const torch::Tensor anchor = anchors.anchors.to(dev);
+    const torch::Tensor keep = anchors.keep.to(dev);
+    auto [labels, weights] = LabelsAndWeights(batch, anchor, keep);
+    const torch::Tensor k_slots = torch::arange(bs, anchor.options());
+    const torch::Tensor positions = (anchor.unsqueeze(-1) + k_slots).view({b, m});
+
+    // The block tokens: x[a] then mask tokens.
+    torch::Tensor block_ids = torch::full({b, n, bs}, o.mask_token_id, anchor.options());
+    block_ids.select(2, 0).copy_(batch.input_ids.gather(1, anchor));
+    torch::Tensor h = embed_.index_select(0, block_ids.view({-1})).view({b, m, H}).to(cd);
+
+    auto [cos_b, sin_b] = rotary_->CosSin(positions.view({-1}), cd);
+    cos_b = cos_b.view({b, 1, m, D});
+    sin_b = sin_b.view({b, 1, m, D});
+    auto [cos_c, sin_c] = rotary_->CosSin(torch::arange(ctx_len, anchor.options()), cd);
+    // Dummy blocks see no context.
+    const torch::Tensor limit = anchors.anchors * anchors.keep.to(torch::kInt64);
+    BlockAttentionOptions attention;
+    attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
+
+    const torch::Tensor context =
+        nn::RmsNorm(torch::linear(batch.aux_hidden.to(cd), P("fc.weight")),
+                    P("hidden_norm.weight"), eps);
+    for (int64_t i = 0; i < o.num_layers; ++i) {
+      const std::string p = absl::StrCat("layers.", i, ".");
+      const torch::Tensor q_w = P(p + "self_attn.q_proj.weight");
+      const torch::Tensor k_w = P(p + "self_attn.k_proj.weight");
+      const torch::Tensor v_w = P(p + "self_attn.v_proj.weight");
+      const torch::Tensor q_norm = P(p + "self_attn.q_norm.weight");
+      const torch::Tensor k_norm = P(p + "self_attn.k_norm.weight");
+      torch::Tensor x = nn::RmsNorm(h, P(p + "input_layernorm.weight"), eps);
+      auto heads = [&](const torch::Tensor& in, const torch::Tensor& w, int64_t rows,
+                       int64_t count, const torch::Tensor* norm) {
+        torch::Tensor y = torch::linear(in, w).view({b, rows, count, D});
+        if (norm != nullptr) y = nn::RmsNorm(y, *norm, eps);
+        return y.transpose(1, 2);
+      };
+      torch::Tensor q = nn::ApplyRotary(heads(x, q_w, m, A, &q_norm), cos_b, sin_b);
+      torch::Tensor kb = nn::ApplyRotary(heads(x, k_w, m, KV, &k_norm), cos_b, sin_b);
+      torch::Tensor vb = heads(x, v_w, m, KV, nullptr);
+      torch::Tensor kc = nn::ApplyRotary(heads(context, k_w, ctx_len, KV, &k_norm), cos_c, sin_c);
+      torch::Tensor vc = heads(context, v_w, ctx_len, KV, nullptr);
+      torch::Tensor a = BlockAttention(q.contiguous(), kc.contiguous(), vc.contiguous(),
+                                       kb.contiguous(), vb.contiguous(), limit, bs, attention);
+      h = h + torch::linear(a.transpose(1, 2).reshape({b, m, A * D}),
+                            P(p + "self_attn.o_proj.weight"));
+      h = h + nn::SwiGluMlp(nn::RmsNorm(h, P(p + "post_attention_layernorm.weight"), eps),
+                            P(p + "mlp.gate_proj.weight"), P(p + "mlp.up_proj.weight"),
+                            P(p + "mlp.down_proj.weight"));
+    }
+    const torch::Tensor hn = nn::RmsNorm(h, P("norm.weight"), eps);
+
+    // The heads and the loss, a chunk of blocks at a time. Each chunk's
+    // loss is differentiated at once into `hd` (and the Markov and
+    // confidence heads); the layers' backward runs later from hd's
+    // gradient (the surrogate below).
+    const bool grad = torch::GradMode::is_enabled();
+    torch::Tensor hd = hn.detach();
+    if (grad) hd.requires_grad_(true);
+    const torch::Tensor head = lm_head_.to(cd);
+    const torch::Tensor denominator =
+        torch::where(global_weight_sum > 0, global_weight_sum,
+                     torch::ones_like(global_weight_sum))
+            .to(ft);
+    const int64_t chunk_rows =
+        o.loss_chunk_rows > 0 ? o.loss_chunk_rows : std::max<int64_t>(1, kLossChunkLogits / V);
+    const int64_t blocks_per_chunk = std::max<int64_t>(1, chunk_rows / std::max<int64_t>(1, b * bs));
+    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(dev);
+    torch::Tensor loss_sum = torch::zeros({}, f64);
+    torch::Tensor correct_all = torch::zeros({b, n, bs}, torch::TensorOptions().dtype(torch::kBool).device(dev));
+    torch::Tensor calibration = torch::zeros({kCalibrationBins, 3}, f64);
+
+    for (int64_t j0 = 0; j0 < n; j0 += blocks_per_chunk) {
+      const int64_t nc = std::min(blocks_per_chunk, n - j0), rows = nc * bs;
+      torch::Tensor hc = hd.narrow(1, j0 * bs, rows);
+      torch::Tensor label = labels.narrow(1, j0, nc).reshape({b, rows});
+      torch::Tensor weight = weights.narrow(1, j0, nc).reshape({b, rows}).to(ft);
+      torch::Tensor logits = torch::linear(hc, head).to(ft);
+      // The heads' weights are cast per chunk: each chunk's graph is its own.
+      torch::Tensor prev_embed, w1, w2, proj_w, proj_b;
+      if (dspark) {
+        w1 = P("markov_head.markov_w1.weight");
+        w2 = P("markov_head.markov_w2.weight");
+        if (o.confidence_head) {
+          proj_w = P("confidence_head.proj.weight");
+          proj_b = P("confidence_head.proj.bias");
+        }
+        // Teacher forcing: slot k's previous token is x[a+k].
+        const torch::Tensor prev = batch.input_ids.gather(
+            1, positions.narrow(1, j0 * bs, rows).clamp(0, std::max<int64_t>(ctx_len - 1, 0)));
+        prev_embed = w1.index_select(0, prev.reshape({-1})).view({b, rows, -1});
+        logits = logits + torch::linear(prev_embed, w2).to(ft);
+      }
+      torch::Tensor logp = torch::log_softmax(logits, -1);
+      torch::Tensor term = -logp.gather(-1, label.unsqueeze(-1)).squeeze(-1);
+      torch::Tensor confidence, target;
+      if (dspark) {
+        torch::Tensor teacher_p;
+        {
+          torch::NoGradGuard no_grad;
+          const torch::Tensor at = positions.narrow(1, j0 * bs, rows)
+                                       .clamp(0, std::max<int64_t>(ctx_len - 1, 0))
+                                       .unsqueeze(-1)
+                                       .expand({b, rows, H});
+          teacher_p = torch::softmax(
+              torch::linear(batch.last_hidden.gather(1, at).to(cd), head).to(ft), -1);
+        }
+        torch::Tensor l1 = (logp.exp() - teacher_p).abs().sum(-1);
+        term = o.ce_weight * term + o.l1_weight * l1;
+        if (o.confidence_head) {
+          torch::Tensor feature = o.confidence_with_markov ? torch::cat({hc, prev_embed}, -1) : hc;
+          confidence = torch::linear(feature, proj_w, proj_b).squeeze(-1).to(ft);
+          target = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0);
+          term = term + o.conf_weight * torch::binary_cross_entropy_with_logits(
+                                            confidence, target, {}, {}, at::Reduction::None);
+        }
+      }
+      torch::Tensor chunk_sum = (term * weight).sum();
+      loss_sum += chunk_sum.detach().to(torch::kFloat64);
+      if (grad) torch::autograd::backward({chunk_sum / denominator});
+      {
+        torch::NoGradGuard no_grad;
+        correct_all.narrow(1, j0, nc).copy_((logits.argmax(-1) == label).view({b, nc, bs}));
+        if (confidence.defined()) {
+          const torch::Tensor counted = (weight > 0).reshape({-1});
+          const torch::Tensor pred = torch::sigmoid(confidence.detach()).reshape({-1}).index(
+              {counted});
+          const torch::Tensor bin =
+              (pred * kCalibrationBins).floor().clamp(0, kCalibrationBins - 1).to(torch::kInt64);
+          const torch::Tensor sums =
+              torch::stack({torch::ones_like(pred), pred, target.reshape({-1}).index({counted})}, 1)
+                  .to(torch::kFloat64);
+          calibration.index_add_(0, bin, sums);
+        }
+      }
+    }
+
+    torch::Tensor value = loss_sum.to(ft) / denominator;
+    if (grad) {
+      // Value: the loss; gradient: hd's accumulated gradient into the layers.
+      torch::Tensor g = hd.grad();
+      torch::Tensor surrogate =
+          g.defined() ? (hn.to(ft) * g.to(ft)).sum() : hn.to(ft).sum() * 0.0;
+      out.weighted_loss = (value + surrogate - surrogate.detach()).to(torch::kFloat32);
+    } else {
+      out.weighted_loss = value.to(torch::kFloat32);
+    }
+    torch::NoGradGuard no_grad;
+    const torch::Tensor counted = weights > 0;
+    const torch::Tensor hit = correct_all & counted;
+    out.loss_sum = loss_sum;
+    out.weight_sum = weights.sum();
+    out.correct = hit.sum(std::vector<int64_t>{0, 1});
+    out.counted = counted.sum(std::vector<int64_t>{0, 1});
+    // Accepted length of a block: 1 (the target's own token) plus the
+    // drafted tokens matched in a row from the first trained slot.
+    const int64_t first = dspark ? 0 : 1;
+    const torch::Tensor chain = hit.narrow(2, first, bs - first).to(torch::kInt64).cumprod(-1);
+    out.accepted = ((chain.sum(-1) + 1).to(torch::kFloat64) * keep.to(torch::kFloat64)).sum();
+    out.blocks = keep.sum();
+    if (dspark && o.confidence_head) out.calibration = calibration;
+  });
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace specstream::student
