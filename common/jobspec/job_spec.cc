@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -244,6 +246,176 @@ absl::Status ValidateData(v1::DataSpec& data) {
   return RequireNonNegative(data.max_length(), "data.max_length");
 }
 
+bool IsBlockDraft(const v1::DraftSpec& draft) {
+  return draft.type() == kDraftTypeDflash || draft.type() == kDraftTypeDspark;
+}
+
+// Whether a field a draft type does not take is set ("set": non-zero,
+// non-empty, present), by its name under model.draft.
+struct SetField {
+  absl::string_view name;
+  bool set;
+};
+
+// The fields of both block drafts.
+std::vector<SetField> BlockDraftFieldsSet(const v1::DraftSpec& draft) {
+  return {{"num_layers", draft.num_layers() != 0},
+          {"block_size", draft.block_size() != 0},
+          {"num_anchors", draft.num_anchors() != 0},
+          {"mask_token_id", draft.has_mask_token_id()},
+          {"target_layer_ids", draft.target_layer_ids_size() > 0},
+          {"loss_decay_gamma", draft.has_loss_decay_gamma()}};
+}
+
+// The fields of DSpark's Markov and confidence heads and its loss.
+std::vector<SetField> DsparkFieldsSet(const v1::DraftSpec& draft) {
+  return {{"markov_rank", draft.markov_rank() != 0},
+          {"markov_head_type", !draft.markov_head_type().empty()},
+          {"enable_confidence_head", draft.has_enable_confidence_head()},
+          {"confidence_head_with_markov", draft.has_confidence_head_with_markov()},
+          {"loss_weights", draft.has_loss_weights()}};
+}
+
+// In [min, max]; the message names the range.
+absl::Status RequireInRange(int64_t value, int64_t min, int64_t max, absl::string_view field) {
+  if (value < min || value > max) {
+    return FieldError(field, absl::StrCat("must be in [", min, ", ", max, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireFiniteNonNegative(double value, absl::string_view field) {
+  if (!(value >= 0) || !std::isfinite(value)) {
+    return FieldError(field, absl::StrCat("must be finite and >= 0, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+// DSpark's heads and loss weights. The confidence head and its weight agree
+// (as DeepSpec ties them: the head is on iff its weight is > 0): unset, the
+// head is on unless loss_weights.conf is 0, and conf is 1.0 with the head,
+// 0 without. confidence_head_with_markov follows the head when unset (the
+// public DSpark recipes and DESIGN §10 feed [h_k ; W1[prev_k]]).
+absl::Status ValidateDsparkHeads(v1::DraftSpec& draft) {
+  if (draft.markov_rank() == 0) draft.set_markov_rank(kDefaultMarkovRank);
+  RETURN_IF_ERROR(
+      RequireInRange(draft.markov_rank(), 1, kMaxMarkovRank, "model.draft.markov_rank"));
+  if (draft.markov_head_type().empty()) draft.set_markov_head_type(kDefaultMarkovHeadType);
+  const std::string& head = draft.markov_head_type();
+  if (head == "gated" || head == "rnn") {
+    return FieldError("model.draft.markov_head_type",
+                      absl::StrCat("\"", head, "\" is not built yet (built: vanilla)"));
+  }
+  if (head != kDefaultMarkovHeadType) {
+    return FieldError("model.draft.markov_head_type",
+                      absl::StrCat("unknown head type \"", head,
+                                   "\" (known: vanilla; gated and rnn are not built yet)"));
+  }
+
+  v1::DraftLossWeights& weights = *draft.mutable_loss_weights();
+  if (!draft.has_enable_confidence_head()) {
+    draft.set_enable_confidence_head(!(weights.has_conf() && weights.conf() == 0));
+  }
+  const bool confidence = draft.enable_confidence_head();
+  if (!weights.has_ce()) weights.set_ce(kDefaultCeLossWeight);
+  if (!weights.has_l1()) weights.set_l1(kDefaultL1LossWeight);
+  if (!weights.has_conf()) weights.set_conf(confidence ? kDefaultConfLossWeight : 0);
+  RETURN_IF_ERROR(RequireFiniteNonNegative(weights.ce(), "model.draft.loss_weights.ce"));
+  RETURN_IF_ERROR(RequireFiniteNonNegative(weights.l1(), "model.draft.loss_weights.l1"));
+  RETURN_IF_ERROR(RequireFiniteNonNegative(weights.conf(), "model.draft.loss_weights.conf"));
+  if (confidence && weights.conf() == 0) {
+    return FieldError("model.draft.loss_weights.conf",
+                      "must be > 0 with enable_confidence_head true (the head would be exported "
+                      "untrained); set enable_confidence_head false for no head");
+  }
+  if (!confidence && weights.conf() > 0) {
+    return FieldError("model.draft.loss_weights.conf",
+                      absl::StrCat("must be 0 with enable_confidence_head false (there is no "
+                                   "head to train), got ",
+                                   weights.conf()));
+  }
+  if (weights.ce() == 0 && weights.l1() == 0 && weights.conf() == 0) {
+    return FieldError("model.draft.loss_weights", "at least one of ce, l1, conf must be > 0");
+  }
+  if (!draft.has_confidence_head_with_markov()) {
+    draft.set_confidence_head_with_markov(confidence);
+  }
+  if (draft.confidence_head_with_markov() && !confidence) {
+    return FieldError("model.draft.confidence_head_with_markov",
+                      "true without a confidence head (enable_confidence_head is false)");
+  }
+  return absl::OkStatus();
+}
+
+// dflash / dspark: the block-draft fields, defaults per type (DESIGN §10).
+absl::Status ValidateBlockDraft(v1::DraftSpec& draft) {
+  const bool dspark = draft.type() == kDraftTypeDspark;
+  // These drafts predict with the target's full-vocab lm_head.
+  if (draft.draft_vocab_size() != 0 || !draft.vocab_map().empty()) {
+    return FieldError(
+        draft.draft_vocab_size() != 0 ? "model.draft.draft_vocab_size" : "model.draft.vocab_map",
+        absl::StrCat("only for eagle3 drafts (", draft.type(),
+                     " drafts use the target's full-vocab lm_head)"));
+  }
+  if (!dspark) {
+    for (const SetField& field : DsparkFieldsSet(draft)) {
+      if (field.set) {
+        return FieldError(absl::StrCat("model.draft.", field.name),
+                          "only for dspark drafts (model.draft.type is dflash)");
+      }
+    }
+  }
+
+  if (draft.num_layers() == 0) draft.set_num_layers(kDefaultBlockDraftLayers);
+  RETURN_IF_ERROR(
+      RequireInRange(draft.num_layers(), 1, kMaxBlockDraftLayers, "model.draft.num_layers"));
+
+  if (draft.block_size() == 0) {
+    draft.set_block_size(dspark ? kDefaultDsparkBlockSize : kDefaultDflashBlockSize);
+  }
+  // DFlash's slot 0 holds the anchor token and is never trained, so a block
+  // of one predicts nothing; DSpark trains every slot.
+  if (!dspark && draft.block_size() < 2) {
+    return FieldError(
+        "model.draft.block_size",
+        absl::StrCat("must be >= 2 for dflash (slot 0 is untrained), got ", draft.block_size()));
+  }
+  RETURN_IF_ERROR(
+      RequireInRange(draft.block_size(), dspark ? 1 : 2, kMaxBlockSize, "model.draft.block_size"));
+
+  if (draft.num_anchors() == 0) draft.set_num_anchors(kDefaultNumAnchors);
+  RETURN_IF_ERROR(
+      RequireInRange(draft.num_anchors(), 1, kMaxNumAnchors, "model.draft.num_anchors"));
+
+  if (draft.has_mask_token_id()) {
+    RETURN_IF_ERROR(RequireNonNegative(draft.mask_token_id(), "model.draft.mask_token_id"));
+  }
+
+  // The upper bound (the target's layer count) is checked at start.
+  for (int i = 0; i < draft.target_layer_ids_size(); ++i) {
+    const std::string field = absl::StrCat("model.draft.target_layer_ids[", i, "]");
+    RETURN_IF_ERROR(RequireNonNegative(draft.target_layer_ids(i), field));
+    if (i > 0 && draft.target_layer_ids(i) <= draft.target_layer_ids(i - 1)) {
+      return FieldError(
+          field, absl::StrCat("must be > the id before it (ascending and distinct), "
+                              "got ",
+                              draft.target_layer_ids(i), " after ", draft.target_layer_ids(i - 1)));
+    }
+  }
+
+  if (!draft.has_loss_decay_gamma()) {
+    draft.set_loss_decay_gamma(dspark ? kDefaultDsparkLossDecayGamma
+                                      : kDefaultDflashLossDecayGamma);
+  }
+  if (!(draft.loss_decay_gamma() > 0) || !std::isfinite(draft.loss_decay_gamma())) {
+    return FieldError("model.draft.loss_decay_gamma",
+                      absl::StrCat("must be > 0 and finite, got ", draft.loss_decay_gamma()));
+  }
+
+  if (dspark) RETURN_IF_ERROR(ValidateDsparkHeads(draft));
+  return absl::OkStatus();
+}
+
 absl::Status ValidateModel(v1::ModelSpec& model) {
   if (model.target().empty()) {
     return FieldError("model.target", "required (target checkpoint directory)");
@@ -261,6 +433,25 @@ absl::Status ValidateModel(v1::ModelSpec& model) {
     return FieldError("model.draft.num_key_value_heads",
                       absl::StrCat("must divide num_attention_heads (", draft.num_attention_heads(),
                                    "), got ", draft.num_key_value_heads()));
+  }
+  if (draft.type().empty()) draft.set_type(kDraftTypeEagle3);
+  if (draft.type() != kDraftTypeEagle3 && !IsBlockDraft(draft)) {
+    return FieldError("model.draft.type", absl::StrCat("unknown draft type \"", draft.type(),
+                                                       "\" (known: eagle3, dflash, dspark)"));
+  }
+  if (IsBlockDraft(draft)) return ValidateBlockDraft(draft);
+
+  for (const SetField& field : BlockDraftFieldsSet(draft)) {
+    if (field.set) {
+      return FieldError(absl::StrCat("model.draft.", field.name),
+                        "only for dflash and dspark drafts (model.draft.type is eagle3)");
+    }
+  }
+  for (const SetField& field : DsparkFieldsSet(draft)) {
+    if (field.set) {
+      return FieldError(absl::StrCat("model.draft.", field.name),
+                        "only for dspark drafts (model.draft.type is eagle3)");
+    }
   }
   RETURN_IF_ERROR(RequireNonNegative(draft.draft_vocab_size(), "model.draft.draft_vocab_size"));
   bool has_size = draft.draft_vocab_size() > 0;
@@ -314,15 +505,26 @@ absl::Status ValidateOptimizer(v1::OptimizerSpec& opt) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateTraining(v1::TrainingSpec& training) {
+// `draft` is validated (its type filled in).
+absl::Status ValidateTraining(v1::TrainingSpec& training, const v1::DraftSpec& draft) {
   RETURN_IF_ERROR(
       ExactlyOne(training.epochs(), "training.epochs", training.max_steps(), "training.max_steps"));
   RETURN_IF_ERROR(ExactlyOne(training.batch_size(), "training.batch_size", training.batch_tokens(),
                              "training.batch_tokens"));
-  if (training.ttt_steps() == 0) training.set_ttt_steps(kDefaultTttSteps);
-  if (training.ttt_steps() < 1 || training.ttt_steps() > kMaxTttSteps) {
-    return FieldError("training.ttt_steps", absl::StrCat("must be in [1, ", kMaxTttSteps, "], got ",
-                                                         training.ttt_steps()));
+  // TTT unrolls EAGLE-3's draft; a block draft predicts a whole block in one
+  // forward, so it has no K (and the field stays 0).
+  if (IsBlockDraft(draft)) {
+    if (training.ttt_steps() != 0) {
+      return FieldError("training.ttt_steps", absl::StrCat("only for eagle3 drafts "
+                                                           "(model.draft.type is ",
+                                                           draft.type(), ")"));
+    }
+  } else {
+    if (training.ttt_steps() == 0) training.set_ttt_steps(kDefaultTttSteps);
+    if (training.ttt_steps() < 1 || training.ttt_steps() > kMaxTttSteps) {
+      return FieldError("training.ttt_steps", absl::StrCat("must be in [1, ", kMaxTttSteps,
+                                                           "], got ", training.ttt_steps()));
+    }
   }
   if (training.dtype().empty()) training.set_dtype(kDefaultDtype);
   if (training.dtype() != "float32" && training.dtype() != "bfloat16") {
@@ -476,9 +678,18 @@ absl::Status ValidateJobSpec(JobSpec& spec) {
   RETURN_IF_ERROR(ValidateData(*spec.mutable_data()));
   RETURN_IF_ERROR(ValidateModel(*spec.mutable_model()));
   RETURN_IF_ERROR(ValidateOptimizer(*spec.mutable_optimizer()));
-  RETURN_IF_ERROR(ValidateTraining(*spec.mutable_training()));
+  const v1::DraftSpec& draft = spec.model().draft();
+  RETURN_IF_ERROR(ValidateTraining(*spec.mutable_training(), draft));
   RETURN_IF_ERROR(ValidateCheckpoint(spec.checkpoint()));
   RETURN_IF_ERROR(ValidateParallel(*spec.mutable_parallel()));
+  // A separate issue: the block drafts' anchors and masks are not split
+  // across context-parallel ranks yet.
+  if (IsBlockDraft(draft) && spec.parallel().cp_size() > 1) {
+    return FieldError("parallel.cp_size",
+                      absl::StrCat("context parallelism for dflash/dspark drafts is not built "
+                                   "yet; use cp_size 1 (got ",
+                                   spec.parallel().cp_size(), ")"));
+  }
   if (!spec.has_max_restarts()) spec.set_max_restarts(kDefaultMaxRestarts);
   RETURN_IF_ERROR(RequireAtMost(spec.max_restarts(), kMaxRestarts, "max_restarts"));
   return absl::OkStatus();

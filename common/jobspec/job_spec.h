@@ -18,6 +18,8 @@
 #ifndef SPECSTREAM_COMMON_JOBSPEC_JOB_SPEC_H_
 #define SPECSTREAM_COMMON_JOBSPEC_JOB_SPEC_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -46,6 +48,26 @@ inline constexpr int64_t kMaxInFlight = 65536;
 // data.teacher_grace_s: how long lost teachers are reconnected to.
 inline constexpr double kDefaultTeacherGraceSeconds = 60;
 inline constexpr double kMaxTeacherGraceSeconds = 86400;
+// model.draft: the draft types, and the defaults and bounds of the block-
+// draft fields (dflash / dspark, DESIGN §10; docs/job-config.md).
+inline constexpr char kDraftTypeEagle3[] = "eagle3";
+inline constexpr char kDraftTypeDflash[] = "dflash";
+inline constexpr char kDraftTypeDspark[] = "dspark";
+inline constexpr int64_t kDefaultBlockDraftLayers = 1;
+inline constexpr int64_t kMaxBlockDraftLayers = 64;
+inline constexpr int64_t kDefaultDflashBlockSize = 16;
+inline constexpr int64_t kDefaultDsparkBlockSize = 7;
+inline constexpr int64_t kMaxBlockSize = 64;
+inline constexpr int64_t kDefaultNumAnchors = 512;
+inline constexpr int64_t kMaxNumAnchors = 65536;
+inline constexpr double kDefaultDflashLossDecayGamma = 7;
+inline constexpr double kDefaultDsparkLossDecayGamma = 4;
+inline constexpr int64_t kDefaultMarkovRank = 256;
+inline constexpr int64_t kMaxMarkovRank = 4096;
+inline constexpr char kDefaultMarkovHeadType[] = "vanilla";
+inline constexpr double kDefaultCeLossWeight = 0.1;
+inline constexpr double kDefaultL1LossWeight = 0.9;
+inline constexpr double kDefaultConfLossWeight = 1.0;
 // A job spec's size limit, checked before anything is parsed (the CLI and
 // the coordinator both parse with JobYamlToJson).
 inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;
@@ -70,6 +92,12 @@ absl::StatusOr<specstream::v1::JobSpec> LoadJobSpec(const std::string& path);
 
 // Fills defaults in place and checks the rules of docs/job-config.md. On
 // error `spec` may be partly defaulted. Idempotent on a valid spec.
+// model.draft.type selects the rules: eagle3 (the default) fills
+// training.ttt_steps and refuses the block-draft fields; dflash and dspark
+// fill their own defaults and refuse EAGLE-3's vocabulary fields, ttt_steps
+// and cp_size > 1. What needs the target (model.draft.target_layer_ids when
+// empty, model.draft.mask_token_id when unset) is left for the student to
+// resolve at start with common/block_draft.h.
 absl::Status ValidateJobSpec(specstream::v1::JobSpec& spec);
 
 // A training.device value: "auto", "cpu", "cuda" or "cuda:N" (N digits).

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/testing/testing.h"
 
@@ -215,6 +216,262 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
     EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.field + ":"))
         << "edit '" << c.from << "' -> '" << c.to << "'";
+  }
+}
+
+// Validating a valid spec again changes nothing, and its JSON (as the fuzz
+// target prints it) parses back to the same spec.
+void ExpectIdempotent(const v1::JobSpec& spec) {
+  v1::JobSpec again = spec;
+  ASSERT_TRUE(ValidateJobSpec(again).ok()) << spec.ShortDebugString();
+  EXPECT_EQ(JobSpecFingerprint(again), JobSpecFingerprint(spec)) << again.ShortDebugString();
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(spec, &json, print).ok());
+  auto reparsed = ParseJobSpecYaml(json);
+  ASSERT_TRUE(reparsed.ok()) << reparsed.status() << "\n" << json;
+  EXPECT_EQ(JobSpecFingerprint(*reparsed), JobSpecFingerprint(spec)) << json;
+}
+
+// kValid as a block-draft job: model.draft holds `type` and `draft_lines`
+// (each indented under draft), no ttt_steps, cp_size 1.
+std::string BlockSpec(const std::string& type, const std::string& draft_lines = "") {
+  std::string text =
+      Edit("    draft_vocab_size: 32000\n", "    type: " + type + "\n" + draft_lines);
+  text = absl::StrReplaceAll(text, {{"  ttt_steps: 7\n", ""}, {"cp_size: 2", "cp_size: 1"}});
+  return text;
+}
+
+TEST(JobConfigTest, DraftTypeDefaultsToEagle3AndLeavesBlockFieldsUnset) {
+  auto spec = ParseJobSpecYaml(kValid);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const v1::DraftSpec& draft = spec->model().draft();
+  EXPECT_EQ(draft.type(), "eagle3");
+  EXPECT_EQ(spec->training().ttt_steps(), 7);
+  EXPECT_EQ(draft.num_layers(), 0);
+  EXPECT_EQ(draft.block_size(), 0);
+  EXPECT_FALSE(draft.has_loss_decay_gamma());
+  EXPECT_FALSE(draft.has_loss_weights());
+  EXPECT_FALSE(draft.has_enable_confidence_head());
+  ExpectIdempotent(*spec);
+  EXPECT_TRUE(
+      ParseJobSpecYaml(Edit("    draft_vocab_size", "    type: eagle3\n    draft_vocab_size"))
+          .ok());
+}
+
+TEST(JobConfigTest, DflashDefaultsAreFilled) {
+  auto spec = ParseJobSpecYaml(BlockSpec("dflash"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const v1::DraftSpec& draft = spec->model().draft();
+  EXPECT_EQ(draft.type(), "dflash");
+  EXPECT_EQ(draft.num_layers(), 1);
+  EXPECT_EQ(draft.block_size(), 16);
+  EXPECT_EQ(draft.num_anchors(), 512);
+  EXPECT_EQ(draft.loss_decay_gamma(), 7);
+  // Resolved at start, against the target.
+  EXPECT_FALSE(draft.has_mask_token_id());
+  EXPECT_EQ(draft.target_layer_ids_size(), 0);
+  // Neither EAGLE-3's nor DSpark's fields are filled.
+  EXPECT_EQ(spec->training().ttt_steps(), 0);
+  EXPECT_EQ(draft.draft_vocab_size(), 0);
+  EXPECT_EQ(draft.markov_rank(), 0);
+  EXPECT_EQ(draft.markov_head_type(), "");
+  EXPECT_FALSE(draft.has_enable_confidence_head());
+  EXPECT_FALSE(draft.has_loss_weights());
+  ExpectIdempotent(*spec);
+}
+
+TEST(JobConfigTest, DsparkDefaultsAreFilled) {
+  auto spec = ParseJobSpecYaml(BlockSpec("dspark"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const v1::DraftSpec& draft = spec->model().draft();
+  EXPECT_EQ(draft.num_layers(), 1);
+  EXPECT_EQ(draft.block_size(), 7);
+  EXPECT_EQ(draft.num_anchors(), 512);
+  EXPECT_EQ(draft.loss_decay_gamma(), 4);
+  EXPECT_EQ(draft.markov_rank(), 256);
+  EXPECT_EQ(draft.markov_head_type(), "vanilla");
+  ASSERT_TRUE(draft.has_enable_confidence_head());
+  EXPECT_TRUE(draft.enable_confidence_head());
+  ASSERT_TRUE(draft.has_confidence_head_with_markov());
+  EXPECT_TRUE(draft.confidence_head_with_markov());
+  EXPECT_DOUBLE_EQ(draft.loss_weights().ce(), 0.1);
+  EXPECT_DOUBLE_EQ(draft.loss_weights().l1(), 0.9);
+  EXPECT_DOUBLE_EQ(draft.loss_weights().conf(), 1.0);
+  EXPECT_FALSE(draft.has_mask_token_id());
+  EXPECT_EQ(spec->training().ttt_steps(), 0);
+  EXPECT_EQ(spec->parallel().cp_size(), 1);
+  ExpectIdempotent(*spec);
+}
+
+TEST(JobConfigTest, DsparkConfidenceHeadAndItsWeightAgree) {
+  // Turning the head off zeroes its weight and its Markov input ...
+  auto off = ParseJobSpecYaml(BlockSpec("dspark", "    enable_confidence_head: false\n"));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->model().draft().enable_confidence_head());
+  EXPECT_FALSE(off->model().draft().confidence_head_with_markov());
+  EXPECT_EQ(off->model().draft().loss_weights().conf(), 0);
+  ExpectIdempotent(*off);
+  // ... and a zero weight turns the head off.
+  auto zero = ParseJobSpecYaml(BlockSpec("dspark", "    loss_weights: {conf: 0}\n"));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_FALSE(zero->model().draft().enable_confidence_head());
+  EXPECT_DOUBLE_EQ(zero->model().draft().loss_weights().l1(), 0.9);
+  ExpectIdempotent(*zero);
+  // The head without the Markov input is a choice of its own.
+  auto plain = ParseJobSpecYaml(BlockSpec("dspark", "    confidence_head_with_markov: false\n"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->model().draft().enable_confidence_head());
+  EXPECT_FALSE(plain->model().draft().confidence_head_with_markov());
+  ExpectIdempotent(*plain);
+}
+
+TEST(JobConfigTest, BlockDraftValuesAreKept) {
+  auto spec = ParseJobSpecYaml(BlockSpec("dspark",
+                                         "    num_layers: 5\n"
+                                         "    block_size: 1\n"
+                                         "    num_anchors: 65536\n"
+                                         "    mask_token_id: 0\n"
+                                         "    target_layer_ids: [1, 9, 17, 25, 33]\n"
+                                         "    loss_decay_gamma: 2.5\n"
+                                         "    markov_rank: 4096\n"
+                                         "    markov_head_type: vanilla\n"
+                                         "    loss_weights: {ce: 0, l1: 1}\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const v1::DraftSpec& draft = spec->model().draft();
+  EXPECT_EQ(draft.num_layers(), 5);
+  EXPECT_EQ(draft.block_size(), 1);  // DSpark trains every slot
+  EXPECT_EQ(draft.num_anchors(), 65536);
+  ASSERT_TRUE(draft.has_mask_token_id());  // 0 is an id, not "unset"
+  EXPECT_EQ(draft.mask_token_id(), 0);
+  EXPECT_THAT(draft.target_layer_ids(), ::testing::ElementsAre(1, 9, 17, 25, 33));
+  EXPECT_EQ(draft.loss_decay_gamma(), 2.5);
+  EXPECT_EQ(draft.markov_rank(), 4096);
+  EXPECT_EQ(draft.loss_weights().ce(), 0);
+  EXPECT_EQ(draft.loss_weights().l1(), 1);
+  EXPECT_EQ(draft.loss_weights().conf(), 1);
+  ExpectIdempotent(*spec);
+
+  auto dflash = ParseJobSpecYaml(
+      BlockSpec("dflash", "    block_size: 2\n    mask_token_id: 151669\n    num_layers: 64\n"));
+  ASSERT_TRUE(dflash.ok()) << dflash.status();
+  EXPECT_EQ(dflash->model().draft().block_size(), 2);
+  EXPECT_EQ(dflash->model().draft().mask_token_id(), 151669);
+  ExpectIdempotent(*dflash);
+}
+
+TEST(JobConfigTest, TheDsparkExampleInTheDocsIsValid) {
+  const std::string docs = testing::ReadFile(testing::SourceDir() + "/docs/job-config.md");
+  const std::string begin = "```yaml\nname: qwen3-8b-dspark\n";
+  const size_t at = docs.find(begin);
+  ASSERT_NE(at, std::string::npos) << "docs/job-config.md lost its DSpark example";
+  const size_t end = docs.find("```\n", at + 8);
+  ASSERT_NE(end, std::string::npos);
+  auto spec = ParseJobSpecYaml(docs.substr(at + 8, end - at - 8));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().draft().type(), "dspark");
+}
+
+TEST(JobConfigTest, EveryBlockDraftRefusalNamesItsField) {
+  struct BlockRefusal {
+    std::string spec;
+    std::string field;   // must appear in the message, followed by ':'
+    std::string reason;  // and this
+  };
+  auto eagle3 = [](const std::string& line) {
+    return Edit("    draft_vocab_size: 32000\n", "    draft_vocab_size: 32000\n    " + line + "\n");
+  };
+  auto dflash = [](const std::string& line) { return BlockSpec("dflash", "    " + line + "\n"); };
+  auto dspark = [](const std::string& line) { return BlockSpec("dspark", "    " + line + "\n"); };
+  const std::string block_only = "only for dflash and dspark drafts";
+  const std::string dspark_only = "only for dspark drafts";
+  const std::vector<BlockRefusal> cases = {
+      {BlockSpec("eagle4"), "model.draft.type", "known: eagle3, dflash, dspark"},
+      {BlockSpec("DSpark"), "model.draft.type", "unknown draft type"},
+      // EAGLE-3 takes none of the block-draft fields.
+      {eagle3("num_layers: 2"), "model.draft.num_layers", block_only},
+      {eagle3("block_size: 16"), "model.draft.block_size", block_only},
+      {eagle3("num_anchors: 512"), "model.draft.num_anchors", block_only},
+      {eagle3("mask_token_id: 0"), "model.draft.mask_token_id", block_only},
+      {eagle3("target_layer_ids: [1, 2]"), "model.draft.target_layer_ids", block_only},
+      {eagle3("loss_decay_gamma: 7"), "model.draft.loss_decay_gamma", block_only},
+      {eagle3("type: eagle3\n    block_size: 16"), "model.draft.block_size", block_only},
+      {eagle3("markov_rank: 256"), "model.draft.markov_rank", dspark_only},
+      {eagle3("markov_head_type: vanilla"), "model.draft.markov_head_type", dspark_only},
+      {eagle3("enable_confidence_head: false"), "model.draft.enable_confidence_head", dspark_only},
+      {eagle3("confidence_head_with_markov: true"), "model.draft.confidence_head_with_markov",
+       dspark_only},
+      {eagle3("loss_weights: {ce: 1}"), "model.draft.loss_weights", dspark_only},
+      // DFlash takes none of DSpark's.
+      {dflash("markov_rank: 256"), "model.draft.markov_rank", dspark_only},
+      {dflash("markov_head_type: vanilla"), "model.draft.markov_head_type", dspark_only},
+      {dflash("enable_confidence_head: true"), "model.draft.enable_confidence_head", dspark_only},
+      {dflash("confidence_head_with_markov: false"), "model.draft.confidence_head_with_markov",
+       dspark_only},
+      {dflash("loss_weights: {}"), "model.draft.loss_weights", dspark_only},
+      // Block drafts predict with the target's full-vocab lm_head.
+      {dflash("draft_vocab_size: 32000"), "model.draft.draft_vocab_size", "only for eagle3"},
+      {dspark("draft_vocab_size: 32000"), "model.draft.draft_vocab_size", "full-vocab lm_head"},
+      {dspark("vocab_map: /m.safetensors"), "model.draft.vocab_map", "only for eagle3"},
+      // ... have no TTT unroll ...
+      {absl::StrReplaceAll(BlockSpec("dflash"), {{"  seed: 42", "  ttt_steps: 7\n  seed: 42"}}),
+       "training.ttt_steps", "only for eagle3 drafts (model.draft.type is dflash)"},
+      {absl::StrReplaceAll(BlockSpec("dspark"), {{"  seed: 42", "  ttt_steps: -1\n  seed: 42"}}),
+       "training.ttt_steps", "only for eagle3"},
+      // ... and no context parallelism yet.
+      {absl::StrReplaceAll(BlockSpec("dspark"), {{"cp_size: 1", "cp_size: 2"}}), "parallel.cp_size",
+       "context parallelism for dflash/dspark drafts is not built yet; use "
+       "cp_size 1"},
+      {absl::StrReplaceAll(BlockSpec("dflash"), {{"cp_size: 1", "cp_size: 4"}}), "parallel.cp_size",
+       "not built yet"},
+      // Ranges.
+      {dflash("num_layers: 65"), "model.draft.num_layers", "must be in [1, 64], got 65"},
+      {dspark("num_layers: -1"), "model.draft.num_layers", "got -1"},
+      {dflash("block_size: 1"), "model.draft.block_size",
+       "must be >= 2 for dflash (slot 0 is untrained), got 1"},
+      {dflash("block_size: -3"), "model.draft.block_size", "must be >= 2 for dflash"},
+      {dflash("block_size: 65"), "model.draft.block_size", "must be in [2, 64], got 65"},
+      {dspark("block_size: 65"), "model.draft.block_size", "must be in [1, 64], got 65"},
+      {dspark("block_size: -1"), "model.draft.block_size", "must be in [1, 64], got -1"},
+      {dflash("num_anchors: 65537"), "model.draft.num_anchors", "must be in [1, 65536]"},
+      {dspark("num_anchors: -5"), "model.draft.num_anchors", "got -5"},
+      {dflash("mask_token_id: -1"), "model.draft.mask_token_id", "must be >= 0, got -1"},
+      {dflash("target_layer_ids: [-1, 4]"), "model.draft.target_layer_ids[0]", "must be >= 0"},
+      {dspark("target_layer_ids: [1, 9, 9]"), "model.draft.target_layer_ids[2]",
+       "ascending and distinct"},
+      {dflash("target_layer_ids: [5, 2]"), "model.draft.target_layer_ids[1]", "got 2 after 5"},
+      {dflash("loss_decay_gamma: 0"), "model.draft.loss_decay_gamma", "must be > 0 and finite"},
+      {dspark("loss_decay_gamma: -4"), "model.draft.loss_decay_gamma", "got -4"},
+      {dspark("loss_decay_gamma: Infinity"), "model.draft.loss_decay_gamma", "finite"},
+      {dflash("loss_decay_gamma: NaN"), "model.draft.loss_decay_gamma", "finite"},
+      {dspark("markov_rank: 4097"), "model.draft.markov_rank", "must be in [1, 4096], got 4097"},
+      {dspark("markov_rank: -1"), "model.draft.markov_rank", "got -1"},
+      {dspark("markov_head_type: gated"), "model.draft.markov_head_type", "not built yet"},
+      {dspark("markov_head_type: rnn"), "model.draft.markov_head_type", "not built yet"},
+      {dspark("markov_head_type: linear"), "model.draft.markov_head_type",
+       "known: vanilla; gated and rnn are not built yet"},
+      {dspark("loss_weights: {ce: -0.1}"), "model.draft.loss_weights.ce", "finite and >= 0"},
+      {dspark("loss_weights: {l1: NaN}"), "model.draft.loss_weights.l1", "finite and >= 0"},
+      {dspark("loss_weights: {l1: Infinity}"), "model.draft.loss_weights.l1", "finite"},
+      {dspark("loss_weights: {conf: -1}"), "model.draft.loss_weights.conf", "finite and >= 0"},
+      {dspark("loss_weights: {ce: 0, l1: 0, conf: 0}"), "model.draft.loss_weights",
+       "at least one of ce, l1, conf must be > 0"},
+      {dspark("enable_confidence_head: true\n    loss_weights: {conf: 0}"),
+       "model.draft.loss_weights.conf", "must be > 0 with enable_confidence_head true"},
+      {dspark("enable_confidence_head: false\n    loss_weights: {conf: 0.5}"),
+       "model.draft.loss_weights.conf", "must be 0 with enable_confidence_head false"},
+      {dspark("enable_confidence_head: false\n    confidence_head_with_markov: true"),
+       "model.draft.confidence_head_with_markov", "without a confidence head"},
+  };
+  for (const BlockRefusal& c : cases) {
+    auto spec = ParseJobSpecYaml(c.spec);
+    ASSERT_FALSE(spec.ok()) << "accepted:\n" << c.spec;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.field + ": "))
+        << c.field << " in:\n"
+        << c.spec;
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.reason)) << c.field;
   }
 }
 
