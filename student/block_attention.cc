@@ -65,7 +65,7 @@ torch::Tensor ContextScores(const torch::Tensor& qf, const torch::Tensor& kcb,
   torch::Tensor s = torch::matmul(qf, kcb.transpose(-1, -2)).mul_(scale);
   if (ks + lk > c.min_limit) {
     torch::Tensor keys = torch::arange(ks, ks + lk, chunk_limit.options());
-    torch::Tensor hidden = keys.view({1, 1, lk}) > chunk_limit.unsqueeze(-1);  // [B, nc, lk]
+    torch::Tensor hidden = keys.view({1, 1, lk}) >= chunk_limit.unsqueeze(-1);  // [B, nc, lk]
     s.view({dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs, lk})
         .masked_fill_(hidden.view({dims.batch, 1, 1, c.nc, 1, lk}),
                       -std::numeric_limits<double>::infinity());

@@ -237,7 +237,7 @@ std::pair<torch::Tensor, torch::Tensor> BlockDraft::LabelsAndWeights(
   if (options_.kind == BlockDraftKind::kDFlash) {
     labels = gather(batch.input_ids, pos);
     torch::Tensor valid = kept & (pos < len) & (k > 0) & (gather(batch.loss_mask, pos) != 0);
-    torch::Tensor decay = torch::exp(-(k).to(torch::kFloat64) / gamma);
+    torch::Tensor decay = torch::exp(-(k - 1).to(torch::kFloat64) / gamma);
     weights = valid.to(torch::kFloat64) * decay;
   } else {
     const torch::Tensor next = pos + 1;
