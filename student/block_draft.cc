@@ -332,45 +332,58 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
     const torch::Tensor hn = nn::RmsNorm(h, P("norm.weight"), eps);
 
     // The heads and the loss, a chunk of blocks at a time. Each chunk's
-    // loss is differentiated at once into `hd` (and the Markov and
-    // confidence heads); the layers' backward runs later from hd's
-    // gradient (the surrogate below).
+    // loss is differentiated at once (torch::autograd::grad) with respect to
+    // its rows of the final hidden state and the heads' masters; the sums
+    // then reach the parameters through one surrogate term in
+    // weighted_loss, so that every parameter receives its gradient exactly
+    // once per backward (the DDP reducer's hooks count on it).
     const bool grad = torch::GradMode::is_enabled();
-    torch::Tensor hd = hn.detach();
-    if (grad) hd.requires_grad_(true);
     const torch::Tensor head = lm_head_.to(cd);
+    std::vector<std::string> head_names;
+    if (dspark) {
+      head_names = {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"};
+      if (o.confidence_head) {
+        head_names.push_back("confidence_head.proj.weight");
+        head_names.push_back("confidence_head.proj.bias");
+      }
+    }
+    torch::Tensor hidden_grad;
+    std::vector<torch::Tensor> head_grads;
+    if (grad) {
+      hidden_grad = torch::zeros(hn.sizes(), hn.options().dtype(ft));
+      for (const std::string& name : head_names) {
+        head_grads.push_back(torch::zeros_like(parameter(name), parameter(name).options()));
+      }
+    }
     const torch::Tensor denominator =
         torch::where(global_weight_sum > 0, global_weight_sum,
                      torch::ones_like(global_weight_sum))
             .to(ft);
     const int64_t chunk_rows =
         o.loss_chunk_rows > 0 ? o.loss_chunk_rows : std::max<int64_t>(1, kLossChunkLogits / V);
-    const int64_t blocks_per_chunk = std::max<int64_t>(1, chunk_rows / std::max<int64_t>(1, b * bs));
+    const int64_t blocks_per_chunk =
+        std::max<int64_t>(1, chunk_rows / std::max<int64_t>(1, b * bs));
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(dev);
     torch::Tensor loss_sum = torch::zeros({}, f64);
-    torch::Tensor correct_all = torch::zeros({b, n, bs}, torch::TensorOptions().dtype(torch::kBool).device(dev));
+    torch::Tensor correct_all =
+        torch::zeros({b, n, bs}, torch::TensorOptions().dtype(torch::kBool).device(dev));
     torch::Tensor calibration = torch::zeros({kCalibrationBins, 3}, f64);
 
     for (int64_t j0 = 0; j0 < n; j0 += blocks_per_chunk) {
       const int64_t nc = std::min(blocks_per_chunk, n - j0), rows = nc * bs;
-      torch::Tensor hc = hd.narrow(1, j0 * bs, rows);
+      torch::Tensor hc = hn.detach().narrow(1, j0 * bs, rows).detach().requires_grad_(grad);
       torch::Tensor label = labels.narrow(1, j0, nc).reshape({b, rows});
       torch::Tensor weight = weights.narrow(1, j0, nc).reshape({b, rows}).to(ft);
       torch::Tensor logits = torch::linear(hc, head).to(ft);
-      // The heads' weights are cast per chunk: each chunk's graph is its own.
-      torch::Tensor prev_embed, w1, w2, proj_w, proj_b;
+      torch::Tensor prev_embed;
       if (dspark) {
-        w1 = P("markov_head.markov_w1.weight");
-        w2 = P("markov_head.markov_w2.weight");
-        if (o.confidence_head) {
-          proj_w = P("confidence_head.proj.weight");
-          proj_b = P("confidence_head.proj.bias");
-        }
         // Teacher forcing: slot k's previous token is x[a+k].
         const torch::Tensor prev = batch.input_ids.gather(
             1, positions.narrow(1, j0 * bs, rows).clamp(0, std::max<int64_t>(ctx_len - 1, 0)));
-        prev_embed = w1.index_select(0, prev.reshape({-1})).view({b, rows, -1});
-        logits = logits + torch::linear(prev_embed, w2).to(ft);
+        prev_embed = P("markov_head.markov_w1.weight")
+                         .index_select(0, prev.reshape({-1}))
+                         .view({b, rows, -1});
+        logits = logits + torch::linear(prev_embed, P("markov_head.markov_w2.weight")).to(ft);
       }
       torch::Tensor logp = torch::log_softmax(logits, -1);
       torch::Tensor term = -logp.gather(-1, label.unsqueeze(-1)).squeeze(-1);
@@ -390,7 +403,10 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
         term = o.ce_weight * term + o.l1_weight * l1;
         if (o.confidence_head) {
           torch::Tensor feature = o.confidence_with_markov ? torch::cat({hc, prev_embed}, -1) : hc;
-          confidence = torch::linear(feature, proj_w, proj_b).squeeze(-1).to(ft);
+          confidence = torch::linear(feature, P("confidence_head.proj.weight"),
+                                     P("confidence_head.proj.bias"))
+                           .squeeze(-1)
+                           .to(ft);
           target = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0);
           term = term + o.conf_weight * torch::binary_cross_entropy_with_logits(
                                             confidence, target, {}, {}, at::Reduction::None);
@@ -398,14 +414,24 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
       }
       torch::Tensor chunk_sum = (term * weight).sum();
       loss_sum += chunk_sum.detach().to(torch::kFloat64);
-      if (grad) torch::autograd::backward({chunk_sum / denominator});
+      if (grad) {
+        std::vector<torch::Tensor> inputs = {hc};
+        for (const std::string& name : head_names) inputs.push_back(parameter(name));
+        std::vector<torch::Tensor> grads =
+            torch::autograd::grad({chunk_sum / denominator}, inputs, {}, /*retain_graph=*/false,
+                                  /*create_graph=*/false, /*allow_unused=*/true);
+        hidden_grad.narrow(1, j0 * bs, rows).add_(grads[0].to(ft));
+        for (size_t i = 0; i < head_names.size(); ++i) {
+          if (grads[i + 1].defined()) head_grads[i].add_(grads[i + 1]);
+        }
+      }
       {
         torch::NoGradGuard no_grad;
         correct_all.narrow(1, j0, nc).copy_((logits.argmax(-1) == label).view({b, nc, bs}));
         if (confidence.defined()) {
           const torch::Tensor counted = (weight > 0).reshape({-1});
-          const torch::Tensor pred = torch::sigmoid(confidence.detach()).reshape({-1}).index(
-              {counted});
+          const torch::Tensor pred =
+              torch::sigmoid(confidence.detach()).reshape({-1}).index({counted});
           const torch::Tensor bin =
               (pred * kCalibrationBins).floor().clamp(0, kCalibrationBins - 1).to(torch::kInt64);
           const torch::Tensor sums =
@@ -418,10 +444,12 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
 
     torch::Tensor value = loss_sum.to(ft) / denominator;
     if (grad) {
-      // Value: the loss; gradient: hd's accumulated gradient into the layers.
-      torch::Tensor g = hd.grad();
-      torch::Tensor surrogate =
-          g.defined() ? (hn.to(ft) * g.to(ft)).sum() : hn.to(ft).sum() * 0.0;
+      // Value: the loss. Gradient: the sums above, into the layers through
+      // the final hidden state and into the heads' masters.
+      torch::Tensor surrogate = (hn.to(ft) * hidden_grad).sum();
+      for (size_t i = 0; i < head_names.size(); ++i) {
+        surrogate = surrogate + (parameter(head_names[i]) * head_grads[i]).sum().to(ft);
+      }
       out.weighted_loss = (value + surrogate - surrogate.detach()).to(torch::kFloat32);
     } else {
       out.weighted_loss = value.to(torch::kFloat32);
