@@ -43,6 +43,63 @@ const char* BlockDraftKindName(BlockDraftKind kind) {
   return kind == BlockDraftKind::kDFlash ? "dflash" : "dspark";
 }
 
+absl::StatusOr<BlockDraftKind> BlockDraftKindFromName(const std::string& name) {
+  if (name == "dflash") return BlockDraftKind::kDFlash;
+  if (name == "dspark") return BlockDraftKind::kDSpark;
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.draft.type: \"", name, "\" is not a block draft (dflash, dspark)"));
+}
+
+nlohmann::json BlockDraftOptionsJson(const BlockDraftOptions& o) {
+  return {{"type", BlockDraftKindName(o.kind)},
+          {"num_layers", o.num_layers},
+          {"block_size", o.block_size},
+          {"num_anchors", o.num_anchors},
+          {"mask_token_id", o.mask_token_id},
+          {"target_layer_ids", o.target_layer_ids},
+          {"loss_decay_gamma", o.loss_decay_gamma},
+          {"markov_rank", o.markov_rank},
+          {"markov_head_type", "vanilla"},
+          {"enable_confidence_head", o.confidence_head},
+          {"confidence_head_with_markov", o.confidence_with_markov},
+          {"loss_weights", {{"ce", o.ce_weight}, {"l1", o.l1_weight}, {"conf", o.conf_weight}}}};
+}
+
+absl::StatusOr<BlockDraftOptions> BlockDraftOptionsFromJson(const nlohmann::json& j) {
+  BlockDraftOptions o;
+  std::string key;
+  try {
+    key = "type";
+    ASSIGN_OR_RETURN(o.kind, BlockDraftKindFromName(j.at(key).get<std::string>()));
+    key = "num_layers";
+    o.num_layers = j.at(key).get<int64_t>();
+    key = "block_size";
+    o.block_size = j.at(key).get<int64_t>();
+    key = "num_anchors";
+    o.num_anchors = j.at(key).get<int64_t>();
+    key = "mask_token_id";
+    o.mask_token_id = j.at(key).get<int64_t>();
+    key = "target_layer_ids";
+    o.target_layer_ids = j.at(key).get<std::vector<int64_t>>();
+    key = "loss_decay_gamma";
+    o.loss_decay_gamma = j.at(key).get<double>();
+    key = "markov_rank";
+    o.markov_rank = j.at(key).get<int64_t>();
+    key = "enable_confidence_head";
+    o.confidence_head = j.at(key).get<bool>();
+    key = "confidence_head_with_markov";
+    o.confidence_with_markov = j.at(key).get<bool>();
+    key = "loss_weights";
+    const nlohmann::json& w = j.at(key);
+    o.ce_weight = w.at("ce").get<double>();
+    o.l1_weight = w.at("l1").get<double>();
+    o.conf_weight = w.at("conf").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("block_draft.", key, ": ", e.what()));
+  }
+  return o;
+}
+
 double CalibrationError(const double* bins, int64_t num_bins) {
   double count = 0, gap = 0;
   for (int64_t i = 0; i < num_bins; ++i) {

@@ -53,6 +53,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/torch/blocks.h"
+#include "nlohmann/json.hpp"
 #include "student/draft_model.h"
 
 namespace specstream::student {
@@ -81,6 +82,14 @@ struct BlockDraftOptions {
   // logits a chunk.
   int64_t loss_chunk_rows = 0;
 };
+
+// The options as checkpoints' state.json records them ("block_draft") and
+// back; the JSON names are the job spec's (model.draft.*). FromJson refuses
+// a missing or ill-typed key, naming it.
+nlohmann::json BlockDraftOptionsJson(const BlockDraftOptions& options);
+absl::StatusOr<BlockDraftOptions> BlockDraftOptionsFromJson(const nlohmann::json& json);
+// "dflash" / "dspark" -> the kind; InvalidArgument naming model.draft.type otherwise.
+absl::StatusOr<BlockDraftKind> BlockDraftKindFromName(const std::string& name);
 
 // One step's anchors for a batch, on the host: anchors[b, j] is block j's
 // anchor position in sample b (ascending over the kept blocks); rows with
