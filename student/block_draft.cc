@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_draft.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
@@ -98,6 +99,20 @@ absl::StatusOr<BlockDraftOptions> BlockDraftOptionsFromJson(const nlohmann::json
     return absl::InvalidArgumentError(absl::StrCat("block_draft.", key, ": ", e.what()));
   }
   return o;
+}
+
+absl::StatusOr<std::vector<int64_t>> BlockTargetLayerIds(const std::vector<int64_t>& configured,
+                                                         int64_t num_layers,
+                                                         int64_t target_layers) {
+  if (configured.empty()) return DefaultBlockTargetLayerIds(num_layers, target_layers);
+  for (int64_t id : configured) {
+    if (id < 0 || id >= target_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.draft.target_layer_ids: ", id, " is not a layer of the target (",
+                       target_layers, " layers, ids 0..", target_layers - 1, ")"));
+    }
+  }
+  return configured;
 }
 
 double CalibrationError(const double* bins, int64_t num_bins) {

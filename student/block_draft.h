@@ -91,6 +91,14 @@ absl::StatusOr<BlockDraftOptions> BlockDraftOptionsFromJson(const nlohmann::json
 // "dflash" / "dspark" -> the kind; InvalidArgument naming model.draft.type otherwise.
 absl::StatusOr<BlockDraftKind> BlockDraftKindFromName(const std::string& name);
 
+// The target layers a block draft reads: `configured` when set (each must
+// be a layer of the target: < target_layers), else the default for
+// `num_layers` draft layers (common/block_draft.h). Errors name
+// model.draft.target_layer_ids.
+absl::StatusOr<std::vector<int64_t>> BlockTargetLayerIds(const std::vector<int64_t>& configured,
+                                                         int64_t num_layers,
+                                                         int64_t target_layers);
+
 // One step's anchors for a batch, on the host: anchors[b, j] is block j's
 // anchor position in sample b (ascending over the kept blocks); rows with
 // fewer candidates than the batch width end in dummy blocks (keep 0,

@@ -58,10 +58,15 @@ absl::Status MetricsSink::Write(const StepMetrics& m) {
     const std::string acc = absl::StrJoin(m.acc_k, ",", [](std::string* out, double x) {
       absl::StrAppend(out, absl::StrFormat("%.4f", x));
     });
+    std::string block;
+    if (m.tau) absl::StrAppend(&block, absl::StrFormat(" tau %.3f", *m.tau));
+    if (m.calibration_error) {
+      absl::StrAppend(&block, absl::StrFormat(" conf_ece %.4f", *m.calibration_error));
+    }
     SS_LOG_INFO(
-        "step {}/{} loss {:.4f} acc [{}] accept_len {:.3f} lr {:.3g} grad_norm {:.3f} "
+        "step {}/{} loss {:.4f} acc [{}] accept_len {:.3f}{} lr {:.3g} grad_norm {:.3f} "
         "{:.0f} tok/s",
-        m.step, options_.total_steps, m.loss, acc, m.sim_accept_len, m.lr, m.grad_norm,
+        m.step, options_.total_steps, m.loss, acc, m.sim_accept_len, block, m.lr, m.grad_norm,
         m.tokens_per_second);
   }
   if (tensorboard_) {
@@ -73,13 +78,17 @@ absl::Status MetricsSink::Write(const StepMetrics& m) {
         {"train/tokens_per_s", m.tokens_per_second}};
     for (size_t k = 0; k < m.acc_k.size(); ++k) {
       scalars.emplace_back(absl::StrCat("train/acc_", k), m.acc_k[k]);
+    }
+    for (size_t k = 0; k < m.loss_k.size(); ++k) {
       scalars.emplace_back(absl::StrCat("train/loss_", k), m.loss_k[k]);
     }
+    if (m.tau) scalars.emplace_back("train/tau", *m.tau);
+    if (m.calibration_error) scalars.emplace_back("train/conf_ece", *m.calibration_error);
     absl::Status s = tensorboard_->WriteScalars(m.step, scalars);
     if (!s.ok()) SS_LOG_WARN("tensorboard: {}", std::string(s.message()));
   }
   if (jsonl_) {
-    return Annotate(jsonl_->Append({{"step", m.step},
+    nlohmann::json line = {{"step", m.step},
                                     {"total_steps", options_.total_steps},
                                     {"loss", m.loss},
                                     {"loss_k", m.loss_k},
@@ -88,8 +97,10 @@ absl::Status MetricsSink::Write(const StepMetrics& m) {
                                     {"lr", m.lr},
                                     {"grad_norm", m.grad_norm},
                                     {"tokens_per_s", m.tokens_per_second},
-                                    {"positions", m.positions}}),
-                    "metrics.jsonl");
+                                    {"positions", m.positions}};
+    if (m.tau) line["tau"] = *m.tau;
+    if (m.calibration_error) line["conf_ece"] = *m.calibration_error;
+    return Annotate(jsonl_->Append(line), "metrics.jsonl");
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,12 @@ struct StepMetrics {
   double tokens_per_second = 0;
   int64_t tokens = 0;     // tokens in the batches of those steps, all ranks
   int64_t positions = 0;  // valid positions at step 0 of this step, all ranks
+  // Block drafts (DFlash, DSpark): acc_k is per slot (over the slots that
+  // weigh something; DFlash's slot 0 never does), loss_k is empty,
+  // sim_accept_len is Σ_k Π_{j≤k} acc_j over the trained slots, positions
+  // counts the first trained slot's weighted tokens, and:
+  std::optional<double> tau;                // mean accepted length of the kept blocks, bonus included
+  std::optional<double> calibration_error;  // DSpark's confidence head (10-bin ECE)
 };
 
 struct MetricsSinkOptions {

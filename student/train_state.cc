@@ -13,6 +13,16 @@
 
 namespace specstream::student {
 
+DraftRecord Eagle3DraftRecord(const Eagle3Draft& draft) {
+  DraftRecord record;
+  const VocabMap& map = draft.vocab_map();
+  record.fixed["d2t"] = torch::tensor(map.d2t, torch::kInt64);
+  record.fixed["t2d"] =
+      torch::tensor(std::vector<int64_t>(map.t2d.begin(), map.t2d.end())).to(torch::kBool);
+  record.state["draft_shape"] = DraftShapeJson(draft.shape());
+  return record;
+}
+
 absl::Status TrainState::Save(int64_t step) {
   torch::NoGradGuard no_grad;
   std::map<int, std::string> rng;
@@ -34,13 +44,10 @@ absl::Status TrainState::Save(int64_t step) {
   if (run_.rank == 0) {
     CheckpointContents contents;
     // Checkpoints are host tensors, whatever the device.
-    for (const auto& [name, p] : draft_.parameters()) {
+    for (const auto& [name, p] : params_) {
       contents.draft[name] = p.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
     }
-    const VocabMap& map = draft_.vocab_map();
-    contents.draft["d2t"] = torch::tensor(map.d2t, torch::kInt64);
-    contents.draft["t2d"] =
-        torch::tensor(std::vector<int64_t>(map.t2d.begin(), map.t2d.end())).to(torch::kBool);
+    for (const auto& [name, t] : record_.fixed) contents.draft[name] = t;
     for (const auto& [name, t] : optimizer_.State()) {
       contents.optimizer[name] = t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
     }
@@ -58,7 +65,6 @@ absl::Status TrainState::Save(int64_t step) {
                       {"ttt_steps", run_.ttt_steps},
                       {"target_dir", run_.target_dir},
                       {"capture_layer_ids", run_.capture_layer_ids},
-                      {"draft_shape", DraftShapeJson(draft_.shape())},
                       {"store", run_.store},
                       {"scheduler",
                        {{"peak_lr", schedule.peak_lr},
@@ -66,6 +72,7 @@ absl::Status TrainState::Save(int64_t step) {
                         {"total_steps", schedule.total_steps},
                         {"cosine", schedule.cosine},
                         {"min_lr_ratio", schedule.min_lr_ratio}}}};
+    contents.state.update(record_.state);
     auto manager =
         CheckpointManager::Create({run_.checkpoint_dir, static_cast<int>(run_.keep_last), {}});
     status = manager.ok() ? (*manager)->Save(step, contents) : manager.status();
@@ -109,13 +116,22 @@ absl::StatusOr<int64_t> TrainState::Resume() {
         "(store or batch settings changed)");
   }
   torch::NoGradGuard no_grad;
-  const VocabMap& map = draft_.vocab_map();
-  auto d2t = contents.draft.find("d2t");
-  if (d2t == contents.draft.end() ||
-      !torch::equal(d2t->second, torch::tensor(map.d2t, torch::kInt64))) {
-    return absl::FailedPreconditionError("checkpoint's draft vocab map differs from this job's");
+  for (const auto& [name, t] : record_.fixed) {
+    auto it = contents.draft.find(name);
+    if (it == contents.draft.end() || !it->second.sizes().equals(t.sizes()) ||
+        !torch::equal(it->second.to(t.scalar_type()), t)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint's draft ", name, " differs from this job's (the draft vocab map differs)"));
+    }
   }
-  for (auto& [name, p] : draft_.parameters()) {
+  if (record_.state.contains("block_draft") &&
+      state.value("block_draft", nlohmann::json()) != record_.state["block_draft"]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint step ", latest, " was written for the block draft ",
+        state.value("block_draft", nlohmann::json()).dump(), "; this job's is ",
+        record_.state["block_draft"].dump(), " (exact resume needs the same model.draft)"));
+  }
+  for (auto& [name, p] : params_) {
     auto it = contents.draft.find(name);
     if (it == contents.draft.end() || !it->second.sizes().equals(p.sizes())) {
       return absl::FailedPreconditionError(

@@ -10,6 +10,7 @@
 #define SPECSTREAM_STUDENT_TRAIN_STATE_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/torch/compat.h"
+#include "nlohmann/json.hpp"
 #include "student/draft_model.h"
 #include "student/optimizer.h"
 
@@ -40,13 +42,31 @@ struct TrainRun {
   LrSchedule schedule;
 };
 
+// What a checkpoint records of a draft besides its trainable tensors.
+struct DraftRecord {
+  // Saved with the draft's tensors; a resume needs them equal (EAGLE-3's
+  // vocab map, d2t and t2d).
+  std::map<std::string, torch::Tensor> fixed;
+  // Merged into state.json ("draft_shape", and a block draft's
+  // "block_draft" options, which a resume needs equal).
+  nlohmann::json state = nlohmann::json::object();
+};
+
+// The record of an EAGLE-3 draft: its vocab map and shape.
+DraftRecord Eagle3DraftRecord(const Eagle3Draft& draft);
+
 class TrainState final {
  public:
-  // `draft`, `optimizer` and `group` (the world's control group; null for
-  // one rank) outlive this.
-  TrainState(TrainRun run, Eagle3Draft& draft, AdamW& optimizer,
+  using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
+  // `params` (the draft's trainable tensors), `optimizer` and `group` (the
+  // world's control group; null for one rank) outlive this.
+  TrainState(TrainRun run, const NamedParams& params, DraftRecord record, AdamW& optimizer,
              c10::intrusive_ptr<CommGroup> group)
-      : run_(std::move(run)), draft_(draft), optimizer_(optimizer), group_(std::move(group)) {}
+      : run_(std::move(run)),
+        params_(params),
+        record_(std::move(record)),
+        optimizer_(optimizer),
+        group_(std::move(group)) {}
 
   // The checkpoint of completed step `step`: every rank's RNG state goes to
   // rank 0, which writes it; no rank returns before it is written.
@@ -58,7 +78,8 @@ class TrainState final {
 
  private:
   TrainRun run_;
-  Eagle3Draft& draft_;
+  const NamedParams& params_;
+  DraftRecord record_;
   AdamW& optimizer_;
   c10::intrusive_ptr<CommGroup> group_;
 };

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/block_draft.h"
 #include "common/hf_config.h"
 #include "common/logging.h"
 #include "common/progress.h"
@@ -80,6 +81,25 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.num_attention_heads = draft.num_attention_heads();
   c.num_key_value_heads = draft.num_key_value_heads();
   c.head_dim = draft.head_dim();
+  c.draft_type = draft.type().empty() ? "eagle3" : draft.type();
+  if (c.draft_type != "eagle3") {
+    BlockDraftOptions& b = c.block;
+    ASSIGN_OR_RETURN(b.kind, BlockDraftKindFromName(c.draft_type));
+    b.num_layers = draft.num_layers();
+    b.block_size = draft.block_size();
+    b.num_anchors = draft.num_anchors();
+    b.target_layer_ids.assign(draft.target_layer_ids().begin(), draft.target_layer_ids().end());
+    if (draft.has_mask_token_id()) c.mask_token_id = draft.mask_token_id();
+    b.loss_decay_gamma = draft.loss_decay_gamma();
+    if (b.kind == BlockDraftKind::kDSpark) {
+      b.markov_rank = draft.markov_rank();
+      b.confidence_head = draft.enable_confidence_head();
+      b.confidence_with_markov = draft.confidence_head_with_markov();
+      b.ce_weight = draft.loss_weights().ce();
+      b.l1_weight = draft.loss_weights().l1();
+      b.conf_weight = draft.loss_weights().conf();
+    }
+  }
   if (draft.hidden_size() != 0) {
     ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
     if (draft.hidden_size() != target.hidden_size) {
@@ -205,7 +225,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerConfig config,
 
 absl::Status Trainer::Init() {
   const TrainerConfig& c = config_;
-  if (c.ttt_steps < 1) return absl::InvalidArgumentError("training.ttt_steps must be >= 1");
+  if (c.draft_type == "eagle3" && c.ttt_steps < 1) {
+    return absl::InvalidArgumentError("training.ttt_steps must be >= 1");
+  }
   if ((c.epochs > 0) == (c.max_steps > 0)) {
     return absl::InvalidArgumentError("set exactly one of training.epochs and training.max_steps");
   }
@@ -234,6 +256,7 @@ absl::Status Trainer::Init() {
     return mismatch("num_layers", model.num_layers, target.num_hidden_layers);
   }
   capture_ = model.capture_layer_ids;
+  if (c.draft_type != "eagle3") return InitBlockDraft(target);
   // An EAGLE-3 draft over captures the servers cannot use would only fail
   // at export, after the whole run.
   if (absl::Status capture = ValidateEagle3CaptureLayers(
@@ -285,14 +308,85 @@ absl::Status Trainer::Init() {
                                               std::chrono::minutes(5), device_));
   ASSIGN_OR_RETURN(draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed,
                                                !source_->has_target_ids(), device_));
+  SS_LOG_INFO("trainer: EAGLE-3 draft, draft vocab {}, K={}", map.draft_vocab(), c.ttt_steps);
+  return InitTraining(Eagle3DraftRecord(*draft_));
+}
+
+absl::StatusOr<BlockDraftOptions> Trainer::ResolveBlockOptions(const HfModelConfig& target) const {
+  const TrainerConfig& c = config_;
+  BlockDraftOptions o = c.block;
+  ASSIGN_OR_RETURN(o.kind, BlockDraftKindFromName(c.draft_type));
+  ASSIGN_OR_RETURN(o.target_layer_ids,
+                   BlockTargetLayerIds(o.target_layer_ids, o.num_layers, target.num_hidden_layers));
+  const std::vector<int64_t> served(capture_.begin(), capture_.end());
+  if (served != o.target_layer_ids) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model.draft.target_layer_ids: the ", BlockDraftKindName(o.kind), " draft reads layers [",
+        absl::StrJoin(o.target_layer_ids, ", "), "] but ", source_name_, " captures [",
+        absl::StrJoin(capture_, ", "), "] (dump or serve with --capture-layers ",
+        absl::StrJoin(o.target_layer_ids, ","), " --capture-for any)"));
+  }
+  ASSIGN_OR_RETURN(o.mask_token_id,
+                   ResolveMaskTokenId(c.mask_token_id, c.target_dir, target.vocab_size));
+  return o;
+}
+
+absl::Status Trainer::InitBlockDraft(const HfModelConfig& target) {
+  const TrainerConfig& c = config_;
+  if (layout_.cp_size > 1) {
+    return absl::InvalidArgumentError(
+        "parallel.cp_size: context parallelism for dflash/dspark drafts is not built yet; use "
+        "cp_size 1");
+  }
+  ASSIGN_OR_RETURN(BlockDraftOptions options, ResolveBlockOptions(target));
+  DraftShape shape;
+  shape.hidden_size = target.hidden_size;
+  shape.target_hidden_size = target.hidden_size;
+  shape.num_captures = static_cast<int64_t>(options.target_layer_ids.size());
+  shape.intermediate_size =
+      c.intermediate_size > 0 ? c.intermediate_size : target.intermediate_size;
+  shape.num_attention_heads =
+      c.num_attention_heads > 0 ? c.num_attention_heads : target.num_attention_heads;
+  shape.num_key_value_heads =
+      c.num_key_value_heads > 0 ? c.num_key_value_heads : target.num_key_value_heads;
+  shape.head_dim = c.head_dim > 0 ? c.head_dim : target.head_dim;
+  shape.draft_vocab_size = target.vocab_size;
+  shape.target_vocab_size = target.vocab_size;
+  shape.rms_norm_eps = target.rms_norm_eps;
+  shape.rope_theta = target.rope_theta;
+  shape.rope_scaling = target.rope_scaling;
+  shape.max_position_embeddings = target.max_position_embeddings;
+  RETURN_IF_ERROR(ConnectDeviceGroup());
+  ASSIGN_OR_RETURN(block_draft_,
+                   BlockDraft::Create(shape, options, c.target_dir, c.seed, device_));
+  SS_LOG_INFO(
+      "trainer: {} draft, {} layer(s) over target layers [{}], block {}, {} anchors, mask token {}",
+      BlockDraftKindName(options.kind), options.num_layers,
+      absl::StrJoin(options.target_layer_ids, ", "), options.block_size, options.num_anchors,
+      options.mask_token_id);
+  DraftRecord record;
+  record.state["draft_shape"] = DraftShapeJson(shape);
+  record.state["block_draft"] = BlockDraftOptionsJson(options);
+  return InitTraining(std::move(record));
+}
+
+const std::vector<std::pair<std::string, torch::Tensor>>& Trainer::parameters() const {
+  return block_draft_ ? block_draft_->parameters() : draft_->parameters();
+}
+
+absl::Status Trainer::InitTraining(DraftRecord record) {
+  const TrainerConfig& c = config_;
   reducer_ = std::make_unique<GradReducer>(
-      draft_->parameters(), world_size_ > 1 ? device_group_ : c10::intrusive_ptr<CommGroup>(),
+      parameters(), world_size_ > 1 ? device_group_ : c10::intrusive_ptr<CommGroup>(),
       c.ddp_bucket_elements, device_);
   RETURN_IF_ERROR(reducer_->BroadcastParameters());
-  optimizer_ = std::make_unique<AdamW>(draft_->parameters(), c.adamw);
+  optimizer_ = std::make_unique<AdamW>(parameters(), c.adamw);
   // Gradients exist from the start (zeros), so a parameter without gradient
   // in some step is treated the same in a continuous and a resumed run.
-  for (auto& [name, p] : draft_->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  for (const auto& [name, p] : parameters()) {
+    torch::Tensor param = p;
+    param.mutable_grad() = torch::zeros_like(param);
+  }
 
   // The CP ranks of a DP group share its batches.
   EpochPlanOptions plan;
@@ -318,10 +412,9 @@ absl::Status Trainer::Init() {
   schedule_.min_lr_ratio = c.min_lr_ratio;
   SS_LOG_INFO(
       "trainer: rank {}/{} (dp {}/{}, cp {}/{}, ulysses {}) on {}, {} samples, {} steps/epoch, {} "
-      "steps, draft vocab {}, K={}",
+      "steps",
       rank_, world_size_, layout_.dp_rank(), layout_.dp_size(), layout_.cp_rank(), layout_.cp_size,
-      layout_.ulysses, device_.str(), source_->size(), steps_per_epoch_, total_steps_,
-      map.draft_vocab(), c.ttt_steps);
+      layout_.ulysses, device_.str(), source_->size(), steps_per_epoch_, total_steps_);
 
   TrainRun run;
   run.checkpoint_dir = c.checkpoint_dir;
@@ -338,7 +431,8 @@ absl::Status Trainer::Init() {
   run.steps_per_epoch = steps_per_epoch_;
   run.total_steps = total_steps_;
   run.schedule = schedule_;
-  state_ = std::make_unique<TrainState>(std::move(run), *draft_, *optimizer_, group_);
+  state_ = std::make_unique<TrainState>(std::move(run), parameters(), std::move(record),
+                                        *optimizer_, group_);
   if (c.resume) {
     ASSIGN_OR_RETURN(step_, state_->Resume());
   }
@@ -452,33 +546,56 @@ absl::Status Trainer::TrainStepUnchecked() {
   for (int64_t length : batch.host_lengths) {
     tokens_since_record_ += std::clamp<int64_t>(length - batch.offset, 0, own_rows);
   }
+  // A block draft's anchors come from the host's loss mask, keyed by the
+  // samples' indices and the step (the same on any rank, and after a resume).
+  BlockAnchors anchors;
+  if (block_draft_) {
+    anchors = SampleBlockAnchors(batch, indices, config_.seed, step_, config_.block.num_anchors);
+  }
   batch = ToDevice(std::move(batch), device_);
 
-  // From here to the metrics, work is only queued on the device.
-  torch::Tensor global_valid;
-  RETURN_IF_ERROR(
-      CatchTorch("valid positions", [&] { global_valid = draft_->CountValid(batch, k_steps); }));
-  RETURN_IF_ERROR(AllReduce(global_valid));
+  // From here to the metrics, work is only queued on the device, except a
+  // block draft's one read of the global weight (a batch with no anchor on
+  // any rank is skipped on every rank).
+  torch::Tensor global_norm;  // EAGLE-3: valid positions per step; blocks: Σ weight
+  RETURN_IF_ERROR(CatchTorch("loss normaliser", [&] {
+    global_norm = block_draft_ ? block_draft_->WeightSum(batch, anchors)
+                               : draft_->CountValid(batch, k_steps);
+  }));
+  RETURN_IF_ERROR(AllReduce(global_norm));
+  bool empty = false;
+  if (block_draft_) {
+    RETURN_IF_ERROR(CatchTorch("global weight", [&] { empty = global_norm.item<double>() <= 0; }));
+  }
 
-  for (auto& [name, p] : draft_->parameters()) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
+  for (const auto& [name, p] : parameters()) {
+    torch::Tensor param = p;
+    if (param.grad().defined()) param.mutable_grad().zero_();
   }
   reducer_->Prepare();
-  const DraftParallel parallel{cp_groups_.ulysses.get(), cp_groups_.ring.get()};
-  ASSIGN_OR_RETURN(TttOutputs out,
-                   draft_->Forward(batch, k_steps, global_valid, config_.dtype, parallel));
-  RETURN_IF_ERROR(CatchTorch("backward", [&] { out.weighted_loss.backward(); }));
+  std::optional<TttOutputs> ttt;
+  std::optional<BlockOutputs> blocks;
+  if (block_draft_) {
+    ASSIGN_OR_RETURN(blocks, block_draft_->Forward(batch, anchors, global_norm, config_.dtype));
+    RETURN_IF_ERROR(CatchTorch("backward", [&] { blocks->weighted_loss.backward(); }));
+  } else {
+    const DraftParallel parallel{cp_groups_.ulysses.get(), cp_groups_.ring.get()};
+    ASSIGN_OR_RETURN(ttt, draft_->Forward(batch, k_steps, global_norm, config_.dtype, parallel));
+    RETURN_IF_ERROR(CatchTorch("backward", [&] { ttt->weighted_loss.backward(); }));
+  }
   RETURN_IF_ERROR(reducer_->Finish());
   torch::Tensor grad_norm;
   RETURN_IF_ERROR(CatchTorch("gradient clipping", [&] {
-    grad_norm = ClipGradNorm(draft_->parameters(), config_.grad_clip);
+    grad_norm = ClipGradNorm(parameters(), config_.grad_clip);
   }));
   const double lr = schedule_.At(step_);
   // The norm is global, so every rank takes the same branch.
   bool finite = true;
   RETURN_IF_ERROR(
       CatchTorch("finite check", [&] { finite = torch::isfinite(grad_norm).item<bool>(); }));
-  if (finite) {
+  if (empty) {
+    SS_LOG_INFO("training step {}: no anchor in the batch on any rank; update skipped", step_ + 1);
+  } else if (finite) {
     RETURN_IF_ERROR(CatchTorch("optimizer step", [&] { optimizer_->Step(lr); }));
   } else {
     ++bad_steps_;
@@ -497,7 +614,12 @@ absl::Status Trainer::TrainStepUnchecked() {
   RETURN_IF_ERROR(source_->Commit(step_, indices));
 
   if (RecordsMetrics(step_)) {
-    ASSIGN_OR_RETURN(StepMetrics m, ReadMetrics(out, global_valid, grad_norm, lr));
+    StepMetrics m;
+    if (blocks) {
+      ASSIGN_OR_RETURN(m, ReadBlockMetrics(*blocks, global_norm, grad_norm, lr));
+    } else {
+      ASSIGN_OR_RETURN(m, ReadMetrics(*ttt, global_norm, grad_norm, lr));
+    }
     history_.push_back(m);
     if (metrics_) RETURN_IF_ERROR(metrics_->Write(m));
   }
@@ -533,10 +655,7 @@ absl::StatusOr<StepMetrics> Trainer::ReadMetrics(const TttOutputs& out,
   }));
   // host: loss_sum[K], correct[K], tokens, valid[K], grad_norm.
   const double* v = host.data_ptr<double>();
-  const auto now = std::chrono::steady_clock::now();
-  const double seconds = std::chrono::duration<double>(now - record_start_).count();
-  record_open_ = false;
-  tokens_since_record_ = 0;
+  const double seconds = CloseRecord();
   const TttMeans means = TttMeansFromSums(v, v + k_steps, v + 2 * k_steps + 1, k_steps);
   StepMetrics m;
   m.step = step_;
@@ -549,6 +668,75 @@ absl::StatusOr<StepMetrics> Trainer::ReadMetrics(const TttOutputs& out,
   m.sim_accept_len = means.sim_accept_len;
   m.tokens = static_cast<int64_t>(v[2 * k_steps]);
   m.tokens_per_second = static_cast<double>(m.tokens) / std::max(seconds, 1e-9);
+  return m;
+}
+
+double Trainer::CloseRecord() {
+  const auto now = std::chrono::steady_clock::now();
+  record_open_ = false;
+  tokens_since_record_ = 0;
+  return std::chrono::duration<double>(now - record_start_).count();
+}
+
+namespace {
+
+// Block-draft metrics from summed counts: per-slot acc, and Σ_k Π acc over
+// the trained slots (from `first`).
+void BlockMeans(const double* correct, const double* counted, int64_t bs, int64_t first,
+                StepMetrics* m) {
+  m->acc_k.assign(bs, 0.0);
+  std::vector<double> trained;
+  for (int64_t k = 0; k < bs; ++k) {
+    m->acc_k[k] = counted[k] > 0 ? correct[k] / counted[k] : 0.0;
+    if (k >= first) trained.push_back(m->acc_k[k]);
+  }
+  m->sim_accept_len = SimulatedAcceptLength(trained);
+  m->positions = static_cast<int64_t>(counted[first]);
+}
+
+}  // namespace
+
+absl::StatusOr<StepMetrics> Trainer::ReadBlockMetrics(const BlockOutputs& out,
+                                                      const torch::Tensor& global_weight,
+                                                      const torch::Tensor& grad_norm, double lr) {
+  const int64_t bs = block_draft_->options().block_size;
+  const bool calibrated = out.calibration.defined();
+  // One all-reduce and one copy: loss_sum, correct[bs], counted[bs],
+  // accepted, blocks, tokens, calibration bins; then the global weight and
+  // the grad norm ride along.
+  torch::Tensor host;
+  RETURN_IF_ERROR(CatchTorch("metrics", [&] {
+    const auto f64 = out.loss_sum.options().dtype(torch::kFloat64);
+    std::vector<torch::Tensor> parts = {
+        out.loss_sum.reshape({1}),         out.correct.to(torch::kFloat64),
+        out.counted.to(torch::kFloat64),   out.accepted.reshape({1}),
+        out.blocks.to(torch::kFloat64).reshape({1}),
+        torch::full({1}, static_cast<double>(tokens_since_record_), f64)};
+    if (calibrated) parts.push_back(out.calibration.reshape({-1}));
+    torch::Tensor summed = torch::cat(parts);
+    absl::Status reduced = AllReduce(summed);
+    TORCH_CHECK(reduced.ok(), reduced.ToString());
+    host = torch::cat({summed, global_weight.to(torch::kFloat64).reshape({1}),
+                       grad_norm.to(torch::kFloat64).reshape({1})})
+               .to(torch::kCPU);
+  }));
+  const double* v = host.data_ptr<double>();
+  const double* correct = v + 1;
+  const double* counted = correct + bs;
+  const double accepted = counted[bs], blocks = counted[bs + 1], tokens = counted[bs + 2];
+  const double* bins = counted + bs + 3;
+  const double* tail = bins + (calibrated ? 3 * kCalibrationBins : 0);
+  StepMetrics m;
+  m.step = step_;
+  m.lr = lr;
+  m.loss = tail[0] > 0 ? v[0] / tail[0] : 0.0;
+  m.grad_norm = tail[1];
+  BlockMeans(correct, counted, bs,
+             block_draft_->options().kind == BlockDraftKind::kDFlash ? 1 : 0, &m);
+  m.tau = blocks > 0 ? accepted / blocks : 0.0;
+  if (calibrated) m.calibration_error = CalibrationError(bins, kCalibrationBins);
+  m.tokens = static_cast<int64_t>(tokens);
+  m.tokens_per_second = tokens / std::max(CloseRecord(), 1e-9);
   return m;
 }
 
@@ -579,6 +767,9 @@ absl::Status Trainer::Run() {
 }
 
 absl::Status Trainer::Export() {
+  if (block_draft_) {
+    return absl::UnimplementedError("export: block-draft exports are being written (issue P14)");
+  }
   ASSIGN_OR_RETURN(ExportInput in, DraftExportInput(*draft_, config_.target_dir, capture_));
   RETURN_IF_ERROR(ExportDraft(in, config_.export_dir));
   SS_LOG_INFO("export: draft written to {}", config_.export_dir);
@@ -610,6 +801,51 @@ absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, in
   result.acc_k = means.acc_k;
   result.sim_accept_len = means.sim_accept_len;
   result.positions = static_cast<int64_t>(valid[0]);
+  return result;
+}
+
+absl::StatusOr<BlockEvalResult> EvaluateBlock(BlockDraft& draft, SampleSource& source,
+                                              uint64_t seed, int64_t max_length,
+                                              torch::Dtype dtype) {
+  torch::NoGradGuard no_grad;
+  const BlockDraftOptions& o = draft.options();
+  const int64_t bs = o.block_size;
+  // Per sample: loss_sum, weight, correct[bs], counted[bs], accepted,
+  // blocks, calibration bins; summed on the host.
+  std::vector<double> sums(2 + 2 * bs + 2 + 3 * kCalibrationBins, 0.0);
+  bool calibrated = false;
+  for (int64_t i = 0; i < source.size(); ++i) {
+    ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
+    DraftBatch batch = Collate({s}, max_length);
+    const BlockAnchors anchors = SampleBlockAnchors(batch, {i}, seed, 0, o.num_anchors);
+    batch = ToDevice(std::move(batch), draft.device());
+    torch::Tensor weight;
+    RETURN_IF_ERROR(CatchTorch("eval", [&] { weight = draft.WeightSum(batch, anchors); }));
+    ASSIGN_OR_RETURN(BlockOutputs out, draft.Forward(batch, anchors, weight, dtype));
+    torch::Tensor host;
+    RETURN_IF_ERROR(CatchTorch("eval", [&] {
+      std::vector<torch::Tensor> parts = {
+          out.loss_sum.reshape({1}),       out.weight_sum.reshape({1}),
+          out.correct.to(torch::kFloat64), out.counted.to(torch::kFloat64),
+          out.accepted.reshape({1}),       out.blocks.to(torch::kFloat64).reshape({1})};
+      if (out.calibration.defined()) parts.push_back(out.calibration.reshape({-1}));
+      host = torch::cat(parts).to(torch::kCPU).contiguous();
+    }));
+    calibrated = out.calibration.defined();
+    for (int64_t j = 0; j < host.numel(); ++j) sums[j] += host.data_ptr<double>()[j];
+  }
+  const double* correct = sums.data() + 2;
+  const double* counted = correct + bs;
+  StepMetrics m;
+  BlockMeans(correct, counted, bs, o.kind == BlockDraftKind::kDFlash ? 1 : 0, &m);
+  BlockEvalResult result;
+  result.base.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  result.base.acc_k = m.acc_k;
+  result.base.sim_accept_len = m.sim_accept_len;
+  result.base.positions = m.positions;
+  const double blocks = counted[bs + 1];
+  result.tau = blocks > 0 ? counted[bs] / blocks : 0.0;
+  if (calibrated) result.calibration_error = CalibrationError(counted + bs + 2, kCalibrationBins);
   return result;
 }
 

@@ -37,9 +37,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/hf_config.h"
 #include "common/torch/compat.h"
 #include "common/transport/payload_channel.h"
 #include "specstream/v1/job.pb.h"
+#include "student/block_draft.h"
 #include "student/context_parallel.h"
 #include "student/data_source.h"
 #include "student/draft_model.h"
@@ -74,6 +76,14 @@ struct TrainerConfig {
   std::string target_dir;  // target checkpoint (embeddings, lm_head, config)
   std::string vocab_map;   // map file, or empty to build one of draft_vocab_size
   int64_t draft_vocab_size = 0;
+  // model.draft.type: "eagle3" (student/draft_model.h, the fields above and
+  // ttt_steps) or "dflash" / "dspark" (student/block_draft.h: `block`, whose
+  // kind Init sets from this; no vocab map).
+  std::string draft_type = "eagle3";
+  BlockDraftOptions block;
+  // Resolved at Init when unset (common/block_draft.h): block.target_layer_ids
+  // when empty, and the mask token from model.draft.mask_token_id.
+  std::optional<int64_t> mask_token_id;
   // Draft shape overrides; 0 takes the target's.
   int64_t intermediate_size = 0;
   int64_t num_attention_heads = 0;
@@ -156,12 +166,20 @@ class Trainer final {
   int64_t total_steps() const { return total_steps_; }
   // The metric records so far (one per log_every steps and the last).
   const std::vector<StepMetrics>& history() const { return history_; }
+  // The EAGLE-3 draft (null for block drafts) or the block draft (null for
+  // EAGLE-3), and the trainable tensors of whichever it is.
   Eagle3Draft& draft() { return *draft_; }
+  BlockDraft* block_draft() { return block_draft_.get(); }
+  const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const;
   SampleSource& source() { return *source_; }
 
  private:
   Trainer() = default;
   absl::Status Init();
+  absl::Status InitBlockDraft(const HfModelConfig& target);
+  // The optimizer, DDP reducer, data plan, checkpoint state and metrics of
+  // whichever draft Init made.
+  absl::Status InitTraining(DraftRecord record);
   // device_group_: group_ on CPU, an NCCL world group on a CUDA device.
   absl::Status ConnectDeviceGroup();
   // One step behind one Status: a LibTorch error anywhere in it (an
@@ -183,6 +201,14 @@ class Trainer final {
   // The metrics of the step just taken: the one read back from the device.
   absl::StatusOr<StepMetrics> ReadMetrics(const TttOutputs& out, const torch::Tensor& global_valid,
                                           const torch::Tensor& grad_norm, double lr);
+  absl::StatusOr<StepMetrics> ReadBlockMetrics(const BlockOutputs& out,
+                                               const torch::Tensor& global_weight,
+                                               const torch::Tensor& grad_norm, double lr);
+  // Closes the metrics record: the seconds since it opened.
+  double CloseRecord();
+  // The block draft's options with the unset ones resolved, checked against
+  // the target and the source's captures.
+  absl::StatusOr<BlockDraftOptions> ResolveBlockOptions(const HfModelConfig& target) const;
   absl::Status Export();
 
   TrainerConfig config_;
@@ -197,6 +223,7 @@ class Trainer final {
   std::unique_ptr<SampleSource> source_;
   std::string source_name_;  // for errors: where the samples come from
   std::unique_ptr<Eagle3Draft> draft_;
+  std::unique_ptr<BlockDraft> block_draft_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<TrainState> state_;
@@ -243,6 +270,19 @@ struct EvalResult {
 };
 absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, int ttt_steps,
                                     int64_t max_length, torch::Dtype dtype);
+
+// The same for a block draft, one sample at a time with the anchors of
+// (seed, step 0) (SampleBlockAnchors): acc_k per slot, sim_accept_len over
+// the trained slots, positions = weighted tokens of the first trained slot,
+// and τ and (DSpark with its confidence head) the calibration error.
+struct BlockEvalResult {
+  EvalResult base;
+  double tau = 0;
+  std::optional<double> calibration_error;
+};
+absl::StatusOr<BlockEvalResult> EvaluateBlock(BlockDraft& draft, SampleSource& source,
+                                              uint64_t seed, int64_t max_length,
+                                              torch::Dtype dtype);
 
 }  // namespace specstream::student
 
