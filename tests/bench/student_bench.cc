@@ -6,7 +6,14 @@
 // process baseline; fails when memory grows super-linearly (8k extra memory
 // over 1k extra memory > 1.5 × 8).
 //
-//   student_bench [--lengths 1024,2048,4096,8192] [--ttt 2] [--draft-vocab 8000]
+// --draft eagle3 (default) trains EAGLE-3 with K TTT steps and a draft
+// vocab; dflash / dspark train one-layer block drafts (blocks of 16 / 7,
+// 512 anchors, the target's full 32000-token vocab). A block draft's work
+// is mostly its N·bs block tokens (fixed once a sequence has 512 anchors)
+// plus attention to the context before each anchor (growing with length).
+//
+//   student_bench [--draft eagle3|dflash|dspark] [--lengths 1024,2048,4096,8192] [--ttt 2]
+//                 [--draft-vocab 8000]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,16 +39,26 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int64_t kHidden = 1024, kVocab = 32000, kLayers = 8;
+constexpr int64_t kHidden = 1024, kVocab = 32000, kLayers = 8, kIntermediate = 2816;
+constexpr int64_t kDflashBlock = 16, kDsparkBlock = 7, kAnchors = 512, kMarkovRank = 256;
 
 // Child: set up, train 2 steps on one sample of `length` tokens, print
 // "length tokens_per_s extra_mib".
-int RunChild(const std::string& dir, int64_t length, int ttt, int64_t draft_vocab) {
+int RunChild(const std::string& dir, int64_t length, int ttt, int64_t draft_vocab,
+             const std::string& draft) {
   specstream::student::TrainerConfig c;
+  if (draft != "eagle3") {
+    c.draft_type = draft;
+    c.block.block_size = draft == "dflash" ? kDflashBlock : kDsparkBlock;
+    c.block.loss_decay_gamma = draft == "dflash" ? 7 : 4;
+    c.block.num_anchors = kAnchors;
+    c.block.target_layer_ids = {1, 3, 4};
+    c.mask_token_id = kVocab - 1;
+  }
   c.store = dir + "/store-" + std::to_string(length);
   c.target_dir = dir + "/target";
   c.draft_vocab_size = draft_vocab;
-  c.intermediate_size = 2816;
+  c.intermediate_size = kIntermediate;
   c.max_steps = 2;
   c.batch_size = 1;
   c.ttt_steps = ttt;
@@ -91,6 +108,7 @@ int main(int argc, char** argv) {
   int ttt = 2;
   int64_t draft_vocab = 8000;
   std::string child_dir;
+  std::string draft = "eagle3";
   int64_t child_length = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
@@ -102,6 +120,7 @@ int main(int argc, char** argv) {
       }
     }
     if (flag == "--ttt") ttt = std::atoi(value.c_str());
+    if (flag == "--draft") draft = value;
     if (flag == "--draft-vocab") draft_vocab = std::atoll(value.c_str());
     if (flag == "--child-dir") child_dir = value;
     if (flag == "--child-length") child_length = std::atoll(value.c_str());
@@ -110,7 +129,12 @@ int main(int argc, char** argv) {
   logging.role = "bench";
   logging.level = "warn";
   specstream::InitLogging(logging);
-  if (!child_dir.empty()) return RunChild(child_dir, child_length, ttt, draft_vocab);
+  if (draft != "eagle3" && draft != "dflash" && draft != "dspark") {
+    std::fprintf(stderr, "student_bench: --draft %s (available: eagle3, dflash, dspark)\n",
+                 draft.c_str());
+    return 2;
+  }
+  if (!child_dir.empty()) return RunChild(child_dir, child_length, ttt, draft_vocab, draft);
 
   std::string dir = (std::filesystem::temp_directory_path() / "specstream-student-bench").string();
   std::filesystem::remove_all(dir);
@@ -135,18 +159,47 @@ int main(int argc, char** argv) {
   const double layer = 2.0 * (2 * kHidden * 3 * kHidden + kHidden * kHidden + 3.0 * kHidden * 2816);
   const double head = 2.0 * kHidden * draft_vocab;
   const double flops_per_token = 3.0 * ttt * (layer + head) + head;
+  // Block drafts, per step of a sequence of `length` tokens with N·bs block
+  // tokens: forward + backward (3×) of fc over the context, the context's
+  // k/v projections, the layer over the block tokens, attention (each block
+  // query against its own block and, on average, half the context), and
+  // the full-vocab head (plus DSpark's Markov head); DSpark's teacher
+  // logits once (a lower bound: norms, softmaxes and the L1 left out).
+  auto block_flops = [&](int64_t length) {
+    const double bs = draft == "dflash" ? kDflashBlock : kDsparkBlock;
+    const double m = static_cast<double>(std::min<int64_t>(kAnchors, length - 1)) * bs;
+    const double s = static_cast<double>(length);
+    const double h = kHidden, v = kVocab;
+    const double context = 2.0 * s * (3 * h * h) + 2.0 * s * 2 * h * h;
+    const double block_layer = 2.0 * m * (4 * h * h + 3 * h * kIntermediate);
+    const double attention = 4.0 * m * h * (s / 2 + bs);
+    double heads = 2.0 * m * h * v;
+    if (draft == "dspark") heads += 2.0 * m * kMarkovRank * v + 2.0 * m * h * v / 3.0;
+    return 3.0 * (context + block_layer + attention + heads);
+  };
 
   const std::string exe = specstream::bench::SelfExe();
-  std::printf("student_bench: draft hidden %ld, draft vocab %ld, K=%d, %s; matmul %.1f GFLOP/s\n",
-              static_cast<long>(kHidden), static_cast<long>(draft_vocab), ttt,
-              specstream::bench::BenchDtypeName(), matmul / 1e9);
+  if (draft == "eagle3") {
+    std::printf(
+        "student_bench: eagle3 draft hidden %ld, draft vocab %ld, K=%d, %s; matmul %.1f GFLOP/s\n",
+        static_cast<long>(kHidden), static_cast<long>(draft_vocab), ttt,
+        specstream::bench::BenchDtypeName(), matmul / 1e9);
+  } else {
+    std::printf(
+        "student_bench: %s draft hidden %ld, 1 layer, block %ld, %ld anchors, vocab %ld, %s; "
+        "matmul %.1f GFLOP/s\n",
+        draft.c_str(), static_cast<long>(kHidden),
+        static_cast<long>(draft == "dflash" ? kDflashBlock : kDsparkBlock),
+        static_cast<long>(kAnchors), static_cast<long>(kVocab),
+        specstream::bench::BenchDtypeName(), matmul / 1e9);
+  }
   std::printf("%8s %12s %14s %10s %12s\n", "tokens", "tokens/s", "step seconds", "fraction",
               "extra MiB");
   std::vector<double> extra;
   for (int64_t length : lengths) {
     std::string command = exe + " --child-dir " + dir + " --child-length " +
                           std::to_string(length) + " --ttt " + std::to_string(ttt) +
-                          " --draft-vocab " + std::to_string(draft_vocab);
+                          " --draft-vocab " + std::to_string(draft_vocab) + " --draft " + draft;
     FILE* pipe = popen(command.c_str(), "r");
     long len = 0;
     double tps = 0, mib = 0, seconds = 0;
@@ -157,8 +210,15 @@ int main(int argc, char** argv) {
       return 1;
     }
     pclose(pipe);
-    std::printf("%8ld %12.0f %14.2f %10.2f %12.0f\n", len, tps, seconds,
-                tps * flops_per_token / matmul, mib);
+    const double step_flops =
+        draft == "eagle3" ? flops_per_token * static_cast<double>(len) : block_flops(len);
+    const double fraction = step_flops / seconds / matmul;
+    std::printf("%8ld %12.0f %14.2f %10.2f %12.0f\n", len, tps, seconds, fraction, mib);
+    if (fraction > 1.0) {
+      std::printf("student_bench: FAIL a fraction of matmul FLOP/s above 1 (the FLOP count or "
+                  "the baseline is wrong)\n");
+      return 1;
+    }
     extra.push_back(mib);
   }
   std::filesystem::remove_all(dir);
