@@ -341,23 +341,12 @@ nlohmann::json ExportConfigJson(const ExportConfig& c) {
   return j;
 }
 
-absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir_arg) {
+absl::Status WriteDraftDirectory(const std::string& out_dir_arg, const std::string& config_text,
+                                 const std::string& model_bytes) {
   std::string out_dir = out_dir_arg;
   while (out_dir.size() > 1 && out_dir.back() == '/') out_dir.pop_back();
   if (out_dir.empty()) return absl::InvalidArgumentError("export: empty output directory");
-  RETURN_IF_ERROR(ValidateExport(in));
   RETURN_IF_ERROR(CheckReplaceable(out_dir));
-  ASSIGN_OR_RETURN(torch::Dtype weight_dtype, WeightDtype(in.config.torch_dtype));
-
-  // Build the whole file in memory first: conversion errors leave no trace.
-  SafetensorsWriter writer;
-  writer.SetMetadata("format", "pt");  // What transformers' loaders expect.
-  for (const Expected& e : ExpectedTensors(in.config)) {
-    ASSIGN_OR_RETURN(torch::Tensor t, ConvertTensor(e, in.tensors.at(e.name), weight_dtype));
-    RETURN_IF_ERROR(AddTensor(writer, e.name, t));
-  }
-  ASSIGN_OR_RETURN(std::string model_bytes, writer.Serialize());
-  std::string config_text = ExportConfigJson(in.config).dump(2) + "\n";
 
   fs::path parent = fs::path(out_dir).parent_path();
   std::error_code ec;
@@ -395,6 +384,23 @@ absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir_arg) 
   }
   (void)FsyncDirectory(parent.empty() ? "." : parent.string());
   if (!old.empty()) RemoveAllQuietly(old);
+  return absl::OkStatus();
+}
+
+absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir) {
+  RETURN_IF_ERROR(ValidateExport(in));
+  ASSIGN_OR_RETURN(torch::Dtype weight_dtype, WeightDtype(in.config.torch_dtype));
+
+  // Build the whole file in memory first: conversion errors leave no trace.
+  SafetensorsWriter writer;
+  writer.SetMetadata("format", "pt");  // What transformers' loaders expect.
+  for (const Expected& e : ExpectedTensors(in.config)) {
+    ASSIGN_OR_RETURN(torch::Tensor t, ConvertTensor(e, in.tensors.at(e.name), weight_dtype));
+    RETURN_IF_ERROR(AddTensor(writer, e.name, t));
+  }
+  ASSIGN_OR_RETURN(std::string model_bytes, writer.Serialize());
+  RETURN_IF_ERROR(
+      WriteDraftDirectory(out_dir, ExportConfigJson(in.config).dump(2) + "\n", model_bytes));
   SS_LOG_INFO("export: wrote {} ({} tensors, {})", out_dir, ExpectedTensors(in.config).size(),
               in.config.torch_dtype);
   return absl::OkStatus();

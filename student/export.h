@@ -119,6 +119,19 @@ nlohmann::json ExportConfigJson(const ExportConfig& config);
 // FailedPrecondition). On any error nothing is left behind.
 absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir);
 
+// The directory write every draft export shares (this one and
+// student/block_export.h): writes `config_text` as config.json and
+// `model_bytes` as model.safetensors into `<out_dir>.tmp-XXXXXX` (each file
+// fsynced, then the directory) and renames it to `out_dir` (trailing slashes
+// ignored, parents created). An existing `out_dir` is replaced only after the
+// new one is complete, and only when it holds nothing but those two files
+// (else FailedPrecondition, checked before anything is written); a failed
+// rename puts the old directory back. On any error nothing new is left
+// behind. Callers validate and serialize first, so a refused export never
+// touches the disk.
+absl::Status WriteDraftDirectory(const std::string& out_dir, const std::string& config_text,
+                                 const std::string& model_bytes);
+
 // Reads an export directory back: config.json into ExportConfig (aux ids from
 // eagle_config, checked against the top-level vLLM key when present) and
 // every tensor of model.safetensors as a CPU tensor in its stored dtype. Does
