@@ -5,9 +5,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "common/hf_config.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "student/block_export.h"
 #include "student/checkpoint.h"
 #include "student/data_source.h"
 #include "student/export.h"
@@ -144,11 +146,9 @@ absl::StatusOr<RestoredDraft> RestoreExport(const std::string& path, const std::
   return restored;
 }
 
-}  // namespace
-
-absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_full_lm_head,
-                                           const std::string& target_dir) {
-  if (IsExportDirectory(path)) return RestoreExport(path, target_dir, need_full_lm_head);
+// The contents of a checkpoint: `path` is a root (its newest good step) or
+// one step directory.
+absl::StatusOr<CheckpointContents> LoadCheckpointAt(const std::string& path) {
   // A step directory is "<root>/step-NNNNNNNN"; anything else is a root.
   std::filesystem::path p(path);
   while (p.has_filename() == false && p.has_parent_path()) p = p.parent_path();
@@ -168,15 +168,87 @@ absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_fu
   options.root = root;
   options.read_only = true;
   ASSIGN_OR_RETURN(auto manager, CheckpointManager::Create(options));
-  CheckpointContents contents;
-  if (step) {
-    ASSIGN_OR_RETURN(contents, manager->Load(*step));
-  } else {
-    // The newest checkpoint that verifies.
-    ASSIGN_OR_RETURN(std::optional<CheckpointManager::Loaded> loaded, manager->LoadNewest());
-    if (!loaded) return absl::NotFoundError(absl::StrCat("no checkpoint in ", root));
-    contents = std::move(loaded->contents);
+  if (step) return manager->Load(*step);
+  // The newest checkpoint that verifies.
+  ASSIGN_OR_RETURN(std::optional<CheckpointManager::Loaded> loaded, manager->LoadNewest());
+  if (!loaded) return absl::NotFoundError(absl::StrCat("no checkpoint in ", root));
+  return std::move(loaded->contents);
+}
+
+// Whether `path` holds a block draft (DFlash / DSpark): an export of one,
+// or a checkpoint whose state records "block_draft".
+absl::StatusOr<bool> HoldsBlockDraft(const std::string& path) {
+  if (IsExportDirectory(path)) {
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/config.json"));
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json arch =
+        j.is_object() ? j.value("architectures", nlohmann::json::array()) : nlohmann::json();
+    return arch == nlohmann::json::array({kDFlashArchitecture}) ||
+           arch == nlohmann::json::array({kDSparkArchitecture});
   }
+  ASSIGN_OR_RETURN(CheckpointContents contents, LoadCheckpointAt(path));
+  return contents.state.contains("block_draft");
+}
+
+}  // namespace
+
+absl::StatusOr<RestoredBlockDraft> RestoreBlockDraft(const std::string& path,
+                                                     const std::string& target_dir) {
+  RestoredBlockDraft restored;
+  BlockDraftOptions options;
+  DraftShape shape;
+  std::map<std::string, torch::Tensor> tensors;
+  std::string target = target_dir;
+  std::string what;
+  if (IsExportDirectory(path)) {
+    if (target.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--checkpoint ", path,
+                       " is an exported draft, which does not record its target model: pass "
+                       "--target DIR"));
+    }
+    ASSIGN_OR_RETURN(BlockExport in, ReadBlockExport(path));
+    options = in.options;
+    shape = in.shape;
+    tensors = std::move(in.tensors);
+    restored.state = {{"target_dir", target}};
+    what = absl::StrCat("export ", path);
+  } else {
+    ASSIGN_OR_RETURN(CheckpointContents contents, LoadCheckpointAt(path));
+    if (!contents.state.contains("block_draft") || !contents.state.contains("draft_shape") ||
+        !contents.state.contains("target_dir")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", path, ": state.json lacks block_draft/draft_shape/target_dir"));
+    }
+    ASSIGN_OR_RETURN(options, BlockDraftOptionsFromJson(contents.state["block_draft"]));
+    ASSIGN_OR_RETURN(shape, DraftShapeFromJson(contents.state["draft_shape"]));
+    if (target.empty()) target = contents.state["target_dir"].get<std::string>();
+    tensors = std::move(contents.draft);
+    restored.state = contents.state;
+    what = absl::StrCat("checkpoint ", path);
+  }
+  ASSIGN_OR_RETURN(HfModelConfig config, LoadHfConfig(target));
+  shape.rms_norm_eps = config.rms_norm_eps;
+  shape.rope_theta = config.rope_theta;
+  shape.rope_scaling = config.rope_scaling;
+  shape.max_position_embeddings = config.max_position_embeddings;
+  ASSIGN_OR_RETURN(restored.draft, BlockDraft::Create(shape, options, target, 0));
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, param] : restored.draft->parameters()) {
+    auto it = tensors.find(name);
+    if (it == tensors.end() || !it->second.sizes().equals(param.sizes())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": draft tensor ", name, " missing or mis-shaped"));
+    }
+    param.detach().copy_(it->second);
+  }
+  return restored;
+}
+
+absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_full_lm_head,
+                                           const std::string& target_dir) {
+  if (IsExportDirectory(path)) return RestoreExport(path, target_dir, need_full_lm_head);
+  ASSIGN_OR_RETURN(CheckpointContents contents, LoadCheckpointAt(path));
   RestoredDraft restored;
   restored.state = contents.state;
   if (!contents.state.contains("draft_shape") || !contents.state.contains("target_dir")) {
@@ -192,6 +264,13 @@ absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_fu
 }
 
 absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out_dir) {
+  ASSIGN_OR_RETURN(bool block, HoldsBlockDraft(checkpoint));
+  if (block) {
+    ASSIGN_OR_RETURN(RestoredBlockDraft restored, RestoreBlockDraft(checkpoint));
+    ASSIGN_OR_RETURN(HfModelConfig target,
+                     LoadHfConfig(restored.state["target_dir"].get<std::string>()));
+    return ExportBlockDraft(*restored.draft, target, out_dir);
+  }
   ASSIGN_OR_RETURN(RestoredDraft restored, RestoreDraft(checkpoint, false));
   ASSIGN_OR_RETURN(
       ExportInput in,
@@ -204,6 +283,20 @@ absl::StatusOr<std::string> EvaluateCheckpoint(const std::string& checkpoint,
                                                const std::string& store, int ttt_steps,
                                                int64_t max_length, const std::string& target_dir) {
   ASSIGN_OR_RETURN(auto source, StoreSource::Open(store));
+  ASSIGN_OR_RETURN(bool block, HoldsBlockDraft(checkpoint));
+  if (block) {
+    ASSIGN_OR_RETURN(RestoredBlockDraft restored, RestoreBlockDraft(checkpoint, target_dir));
+    ASSIGN_OR_RETURN(BlockEvalResult result,
+                     EvaluateBlock(*restored.draft, *source, 0, max_length, torch::kFloat32));
+    nlohmann::json line = {{"type", BlockDraftKindName(restored.draft->options().kind)},
+                           {"loss", result.base.loss},
+                           {"acc", result.base.acc_k},
+                           {"sim_accept_len", result.base.sim_accept_len},
+                           {"tau", result.tau},
+                           {"positions", result.base.positions}};
+    if (result.calibration_error) line["conf_ece"] = *result.calibration_error;
+    return line.dump();
+  }
   ASSIGN_OR_RETURN(RestoredDraft restored,
                    RestoreDraft(checkpoint, !source->has_target_ids(), target_dir));
   const int k = ttt_steps > 0 ? ttt_steps : restored.state.value("ttt_steps", 7);

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "student/block_draft.h"
 #include "student/draft_model.h"
 #include "student/export.h"
 
@@ -37,6 +38,17 @@ struct RestoredDraft {
 absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, bool need_full_lm_head,
                                            const std::string& target_dir = "");
 
+// The same for a DFlash / DSpark draft: a checkpoint whose state.json
+// records "block_draft", or an export (DFlashDraftModel / Qwen3DSparkModel,
+// which needs `target_dir`).
+struct RestoredBlockDraft {
+  std::unique_ptr<BlockDraft> draft;
+  nlohmann::json state;
+};
+absl::StatusOr<RestoredBlockDraft> RestoreBlockDraft(const std::string& path,
+                                                     const std::string& target_dir = "");
+
+// Export and evaluation take either kind of draft (EAGLE-3 or block).
 absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out_dir);
 
 // {"loss":..,"acc":[..],"sim_accept_len":..,"positions":..} of a checkpoint

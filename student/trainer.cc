@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"
+#include "student/block_export.h"
 #include "student/export.h"
 #include "student/ledger.h"
 #include "student/online_source.h"
@@ -768,7 +769,11 @@ absl::Status Trainer::Run() {
 
 absl::Status Trainer::Export() {
   if (block_draft_) {
-    return absl::UnimplementedError("export: block-draft exports are being written (issue P14)");
+    ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(config_.target_dir));
+    RETURN_IF_ERROR(ExportBlockDraft(*block_draft_, target, config_.export_dir));
+    SS_LOG_INFO("export: {} draft written to {}", BlockDraftKindName(block_draft_->options().kind),
+                config_.export_dir);
+    return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(ExportInput in, DraftExportInput(*draft_, config_.target_dir, capture_));
   RETURN_IF_ERROR(ExportDraft(in, config_.export_dir));

@@ -8,6 +8,8 @@
 #include "nlohmann/json.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/jobspec/job_spec.h"
+#include "student/block_export.h"
+#include "student/student_commands.h"
 #include "student/trainer.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
@@ -212,6 +214,45 @@ TEST_P(BlockTrainerKindTest, LearnsTheFirstDraftedTokenAndEvaluates) {
   EXPECT_GT(trained->tau, untrained->tau + 0.2);
   EXPECT_LT(trained->base.loss, untrained->base.loss);
   if (GetParam() == BlockDraftKind::kDFlash) EXPECT_EQ(trained->base.acc_k[0], 0.0);
+}
+
+TEST_P(BlockTrainerKindTest, ExportsAndEvaluatesCheckpointsAndExports) {
+  specstream::testing::TempDir dir;
+  TrainerConfig config = Config(GetParam());
+  config.max_steps = 30;
+  config.checkpoint_dir = dir.Join("checkpoints");
+  config.export_dir = dir.Join("export");
+  auto trainer = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  auto exported = ReadBlockExport(dir.Join("export"));
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->options.kind, GetParam());
+  EXPECT_EQ(exported->options.target_layer_ids, (std::vector<int64_t>{1, 4}));
+
+  // Evaluating the checkpoint equals evaluating the trained draft in memory.
+  auto own = EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 0, 0,
+                           torch::kFloat32);
+  ASSERT_TRUE(own.ok()) << own.status();
+  auto line = EvaluateCheckpoint(dir.Join("checkpoints"), dir_->Join("store"), 0, 0);
+  ASSERT_TRUE(line.ok()) << line.status();
+  const nlohmann::json from_checkpoint = nlohmann::json::parse(*line);
+  EXPECT_EQ(from_checkpoint["type"], BlockDraftKindName(GetParam()));
+  EXPECT_DOUBLE_EQ(from_checkpoint["tau"].get<double>(), own->tau);
+  EXPECT_DOUBLE_EQ(from_checkpoint["loss"].get<double>(), own->base.loss);
+  EXPECT_EQ(from_checkpoint.contains("conf_ece"), GetParam() == BlockDraftKind::kDSpark);
+  // The export holds bf16 weights: close, not equal.
+  line = EvaluateCheckpoint(dir.Join("export"), dir_->Join("store"), 0, 0, dir_->Join("target"));
+  ASSERT_TRUE(line.ok()) << line.status();
+  const nlohmann::json from_export = nlohmann::json::parse(*line);
+  EXPECT_NEAR(from_export["loss"].get<double>(), own->base.loss, 0.05 * own->base.loss);
+  // An export written from the checkpoint has the same tensors.
+  ASSERT_TRUE(ExportCheckpoint(dir.Join("checkpoints"), dir.Join("again")).ok());
+  auto again = ReadBlockExport(dir.Join("again"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (const auto& [name, t] : exported->tensors) {
+    EXPECT_TRUE(torch::equal(t, again->tensors.at(name))) << name;
+  }
 }
 
 TEST_F(BlockTrainerTest, AJobSpecTrainsADSparkDraft) {
