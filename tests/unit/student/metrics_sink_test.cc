@@ -62,6 +62,41 @@ TEST(MetricsSinkTest, JsonlGetsOneLinePerRecordWithEveryField) {
   }
 }
 
+// A block draft's record: per-slot acc, no per-step losses, tau and the
+// confidence head's calibration error, in metrics.jsonl and TensorBoard.
+TEST(MetricsSinkTest, BlockDraftRecordsCarryTauAndCalibration) {
+  testing::TempDir dir;
+  MetricsSinkOptions options;
+  options.total_steps = 10;
+  options.log_lines = true;
+  options.jsonl = dir.Join("metrics.jsonl");
+  options.tensorboard_dir = dir.Join("tb");
+  auto sink = MetricsSink::Create(options);
+  ASSERT_TRUE(sink.ok()) << sink.status();
+  StepMetrics m;
+  m.step = 3;
+  m.acc_k = {0.0, 0.75, 0.5};
+  m.tau = 2.125;
+  m.calibration_error = 0.0625;
+  ASSERT_TRUE((*sink)->Write(m).ok());
+  m.calibration_error.reset();
+  m.tau.reset();
+  m.step = 4;
+  ASSERT_TRUE((*sink)->Write(m).ok());
+  std::vector<nlohmann::json> lines;
+  ASSERT_TRUE(ForEachJsonLine(options.jsonl, [&](int64_t, const nlohmann::json& line) {
+                lines.push_back(line);
+                return absl::OkStatus();
+              }).ok());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["tau"], 2.125);
+  EXPECT_EQ(lines[0]["conf_ece"], 0.0625);
+  EXPECT_EQ(lines[0]["acc_k"], nlohmann::json({0.0, 0.75, 0.5}));
+  EXPECT_FALSE(lines[1].contains("tau"));
+  EXPECT_FALSE(lines[1].contains("conf_ece"));
+  EXPECT_FALSE(std::filesystem::is_empty(dir.Join("tb")));
+}
+
 TEST(MetricsSinkTest, AnUnwritableJsonlIsRefusedAtCreateNamingIt) {
   testing::TempDir dir;
   MetricsSinkOptions options;
