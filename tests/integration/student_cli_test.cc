@@ -68,6 +68,20 @@ class StudentCliTest : public ::testing::Test {
            dir_.Join("metrics.jsonl") + "\n" + extra;
   }
 
+  // The job above for a block draft: `draft` lines replace the EAGLE-3
+  // draft section (the mask token is set: the random target has no
+  // tokenizer), and the store is `store`.
+  std::string BlockJobYaml(const std::string& store, const std::string& draft) {
+    std::string job = JobYaml();
+    auto replace = [&](const std::string& from, const std::string& to) {
+      job.replace(job.find(from), from.size(), to);
+    };
+    replace("  store: " + dir_.Join("store") + "\n", "  store: " + store + "\n");
+    replace("    draft_vocab_size: 64\n", draft + "    mask_token_id: 255\n");
+    replace("  ttt_steps: 3\n", "");
+    return job;
+  }
+
   testing::TempDir dir_;
 };
 
@@ -139,6 +153,90 @@ TEST_F(StudentCliTest, TrainOnlineFromATeacherDaemon) {
         testing::ReadFile(dir_.Join("ledger/ledger-rank" + std::to_string(rank) + ".jsonl"));
     EXPECT_EQ(std::count(ledger.begin(), ledger.end(), '\n'), 8) << ledger;
   }
+}
+
+// A DFlash draft as users run it: a store dumped with the layer the draft
+// reads (one draft layer: [L/2] = [4]), two DDP ranks from a job YAML, the
+// SGLang export, export from the checkpoint, eval.
+TEST_F(StudentCliTest, TrainADFlashDraftExportAndEval) {
+  MakeStore();
+  ASSERT_EQ(Teacher("dump --model " + dir_.Join("target") + " --data " + dir_.Join("data.jsonl") +
+                    " --out " + dir_.Join("store4") + " --capture-layers 4 --capture-for any"),
+            0)
+      << Stderr();
+  testing::WriteFile(dir_.Join("dflash.yaml"),
+                     BlockJobYaml(dir_.Join("store4"), "    type: dflash\n    block_size: 4\n"
+                                                       "    num_anchors: 4\n"));
+  ASSERT_EQ(Student("train --config " + dir_.Join("dflash.yaml") + " --nproc 2"), 0) << Stderr();
+  EXPECT_NE(Stderr().find("dflash draft, 1 layer(s) over target layers [4]"), std::string::npos)
+      << Stderr();
+  EXPECT_NE(Stderr().find("step 8/8"), std::string::npos) << Stderr();
+  EXPECT_NE(Stderr().find(" tau "), std::string::npos) << Stderr();
+  std::string metrics = testing::ReadFile(dir_.Join("metrics.jsonl"));
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 8);
+  EXPECT_NE(metrics.find("\"tau\""), std::string::npos);
+
+  auto config = nlohmann::json::parse(testing::ReadFile(dir_.Join("export/config.json")));
+  EXPECT_EQ(config["architectures"][0], "DFlashDraftModel");
+  EXPECT_EQ(config["dflash_config"]["target_layer_ids"], nlohmann::json({4}));
+  EXPECT_EQ(config["dflash_config"]["mask_token_id"], 255);
+  auto model = SafetensorsFile::Open(dir_.Join("export/model.safetensors"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->Contains("layers.0.self_attn.q_norm.weight"));
+  EXPECT_FALSE((*model)->Contains("lm_head.weight"));
+  ASSERT_EQ(Student("export --checkpoint " + dir_.Join("ckpt") + " --out " + dir_.Join("export2")),
+            0)
+      << Stderr();
+  EXPECT_EQ(testing::ReadFile(dir_.Join("export/model.safetensors")),
+            testing::ReadFile(dir_.Join("export2/model.safetensors")));
+  ASSERT_EQ(Student("eval --checkpoint " + dir_.Join("ckpt") + " --data " + dir_.Join("store4")),
+            0)
+      << Stderr();
+  auto line = nlohmann::json::parse(Stdout());
+  EXPECT_EQ(line["type"], "dflash");
+  EXPECT_EQ(line["acc"].size(), 4u);
+  EXPECT_GE(line["tau"].get<double>(), 1.0);
+
+  // The default store captures EAGLE-3's layers: refused, naming the field.
+  testing::WriteFile(dir_.Join("wrong.yaml"),
+                     BlockJobYaml(dir_.Join("store"), "    type: dflash\n"));
+  EXPECT_NE(Student("train --config " + dir_.Join("wrong.yaml")), 0);
+  EXPECT_NE(Stderr().find("model.draft.target_layer_ids"), std::string::npos) << Stderr();
+}
+
+// A DSpark draft trained online from a teacher daemon (two draft layers read
+// the default layers [1, 5] of the 8-layer target), two ranks.
+TEST_F(StudentCliTest, TrainADSparkDraftOnline) {
+  MakeStore();
+  const std::string port_file = dir_.Join("teacher.port");
+  const std::string serve = std::string(SPECSTREAM_TEACHER_PATH) + " serve --model " +
+                            dir_.Join("target") + " --devices cpu --port 0 --port-file " +
+                            port_file + " --capture-layers 1,5 --capture-for any >" +
+                            dir_.Join("serve.log") + " 2>&1 & echo $! >" + dir_.Join("serve.pid");
+  ASSERT_EQ(std::system(serve.c_str()), 0);
+  const int port_number = testing::WaitForPortFile(port_file);
+  ASSERT_GT(port_number, 0) << testing::ReadFile(dir_.Join("serve.log"));
+  std::string job = BlockJobYaml(dir_.Join("store"), "    type: dspark\n    num_layers: 2\n"
+                                                     "    num_anchors: 4\n    markov_rank: 8\n");
+  const std::string store_line = "  store: " + dir_.Join("store") + "\n";
+  job.replace(job.find(store_line), store_line.size(),
+              "  tokenized: " + dir_.Join("data.jsonl") + "\n  teachers: [\"127.0.0.1:" +
+                  std::to_string(port_number) + "\"]\n");
+  testing::WriteFile(dir_.Join("dspark.yaml"), job);
+  const int rc = Student("train --config " + dir_.Join("dspark.yaml") + " --nproc 2");
+  std::system(("kill -TERM " + testing::ReadFile(dir_.Join("serve.pid"))).c_str());
+  ASSERT_EQ(rc, 0) << Stderr();
+  EXPECT_NE(Stderr().find("dspark draft, 2 layer(s) over target layers [1, 5]"), std::string::npos)
+      << Stderr();
+  EXPECT_NE(Stderr().find("step 8/8"), std::string::npos) << Stderr();
+  EXPECT_NE(Stderr().find(" conf_ece "), std::string::npos) << Stderr();
+  auto config = nlohmann::json::parse(testing::ReadFile(dir_.Join("export/config.json")));
+  EXPECT_EQ(config["architectures"][0], "Qwen3DSparkModel");
+  EXPECT_EQ(config["target_layer_ids"], nlohmann::json({1, 5}));
+  auto model = SafetensorsFile::Open(dir_.Join("export/model.safetensors"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->Contains("markov_head.markov_w1.weight"));
+  EXPECT_TRUE((*model)->Contains("confidence_head.proj.bias"));
 }
 
 // World 4 = DP 2 x CP 2 (ring) from the job's parallel section; a world that
