@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/capture_layers.h"
 #include "common/chat_template.h"
 #include "common/jsonl.h"
 #include "common/logging.h"
@@ -134,7 +135,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
         continue;
       }
       const v1::DescribeResponse& response = *described;
-      const ModelContract model = ContractOf(response);
+      ASSIGN_OR_RETURN(const ModelContract model, Served(address, response));
       if (streams_.empty()) {
         model_ = model;
         max_tokens_ = response.max_tokens();
@@ -146,6 +147,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       TeacherStreamOptions stream_options = options_.stream;
       stream_options.rank = options_.rank;
       stream_options.stream_index = next_stream_index_++;
+      stream_options.capture_layer_ids = options_.capture_layer_ids;
       ASSIGN_OR_RETURN(
           std::unique_ptr<Stream> stream,
           options_.connector->NewStream(address, response, stream_options, mu_, *this));
@@ -440,11 +442,37 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     }
   }
 
+  // What the teacher that answered `response` serves this source: its model,
+  // with the capture layers asked for (options_.capture_layer_ids) when
+  // there are any. InvalidArgument for ids the model does not have;
+  // FailedPrecondition for a teacher that serves only its own set, and
+  // another one; both name capture_layer_ids.
+  absl::StatusOr<ModelContract> Served(const std::string& address,
+                                       const v1::DescribeResponse& response) const {
+    ModelContract model = ContractOf(response);
+    const std::vector<int32_t>& wanted = options_.capture_layer_ids;
+    if (wanted.empty()) return model;
+    RETURN_IF_ERROR(Annotate(
+        ValidateCaptureLayerIds(wanted, model.num_layers, "capture_layer_ids"),
+        absl::StrCat("teacher ", address, " serves a ", model.num_layers, "-layer target")));
+    const std::vector<int> asked(wanted.begin(), wanted.end());
+    if (!response.per_stream_capture_layers() && model.capture_layer_ids != asked) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "capture_layer_ids: ", CaptureLayerIdsString(wanted), " asked for, but teacher ", address,
+          " serves only its own capture layers [", absl::StrJoin(model.capture_layer_ids, ", "),
+          "] (it predates per-stream capture layers): upgrade the teacher, or restart it with "
+          "--capture-layers ",
+          absl::StrJoin(wanted, ","), " --capture-for any"));
+    }
+    model.capture_layer_ids = asked;
+    return model;
+  }
+
   // Describe (the same model as the others), then a new stream. Without mu_.
   absl::StatusOr<std::unique_ptr<Stream>> Connect(const std::string& address,
                                                   absl::Duration timeout, int stream_index) {
     ASSIGN_OR_RETURN(v1::DescribeResponse response, options_.connector->Describe(address, timeout));
-    const ModelContract model = ContractOf(response);
+    ASSIGN_OR_RETURN(const ModelContract model, Served(address, response));
     if (const std::string field = model_.FirstDifference(model); !field.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("teacher ", address, " came back serving ", model.ToJson().dump(),
@@ -453,6 +481,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     TeacherStreamOptions stream_options = options_.stream;
     stream_options.rank = options_.rank;
     stream_options.stream_index = stream_index;
+    stream_options.capture_layer_ids = options_.capture_layer_ids;
     return options_.connector->NewStream(address, response, stream_options, mu_, *this);
   }
 
@@ -582,6 +611,16 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
         !sample.aux_hidden.defined() || !sample.last_hidden.defined()) {
       return absl::DataLossError(absl::StrCat(
           "sample ", index, ": payload lacks input_ids/loss_mask/aux_hidden/last_hidden"));
+    }
+    // The contract must carry the layers asked for: n of them, H wide each.
+    const int64_t width =
+        static_cast<int64_t>(model_.capture_layer_ids.size()) * model_.hidden_size;
+    if (sample.aux_hidden.dim() != 2 || sample.aux_hidden.size(1) != width) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sample ", index, ": the teacher sent aux_hidden [",
+                       absl::StrJoin(ShapeOf(sample.aux_hidden), ", "),
+                       "], but capture_layer_ids [", absl::StrJoin(model_.capture_layer_ids, ", "),
+                       "] of hidden size ", model_.hidden_size, " need ", width, " columns"));
     }
     return sample;
   }

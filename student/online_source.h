@@ -63,6 +63,16 @@ struct OnlineSourceOptions {
   std::shared_ptr<TeacherConnector> connector;
   int rank = 0;           // trainer rank (spreads ranks over teachers; ledger name)
   int64_t in_flight = 8;  // samples outstanding per teacher stream (credits)
+  // The target layers whose outputs each sample's aux_hidden holds,
+  // concatenated in this order (id k = output of layer k): ascending,
+  // distinct, each in [0, num_layers), any number of them (a DFlash / DSpark
+  // draft's target_layer_ids). Every stream asks its teacher for them
+  // (Open.capture_layer_ids) and model().capture_layer_ids reports them.
+  // Empty: what the teachers capture by default (Describe), which must then
+  // agree. Refused at Open: an invalid set (InvalidArgument), or a teacher
+  // that cannot serve a set of its own choosing (FailedPrecondition), both
+  // naming capture_layer_ids.
+  std::vector<int32_t> capture_layer_ids;
   std::string ledger;     // ledger file (JSONL, appended); empty: none
   // How long a lost teacher is reconnected to (data.teacher_grace_s);
   // zero: a lost teacher is given up at once (with no other live teacher,
@@ -73,7 +83,8 @@ struct OnlineSourceOptions {
   absl::Duration reconnect_backoff = absl::Milliseconds(100);
   absl::Duration reconnect_max_backoff = absl::Seconds(5);
   // How each teacher stream is made: transport, device, token, timeouts
-  // (teacher_connection.h). Its rank and stream_index are set by the source;
+  // (teacher_connection.h). Its rank, stream_index and capture_layer_ids
+  // are set by the source;
   // stream.sample_timeout bounds one sample across failovers (plus
   // teacher_grace, which it may spend waiting for a teacher to come back).
   TeacherStreamOptions stream;

@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -92,6 +93,11 @@ struct TeacherStreamOptions {
   std::string transport = "auto";
   int rank = 0;          // the trainer rank (names shm rings, spreads NCCL devices)
   int stream_index = 0;  // this rank's streams, 0.. (names shm rings)
+  // Sent as StreamRequest.Open.capture_layer_ids: the layers each sample's
+  // aux_hidden holds, in order (ascending, distinct, in [0, num_layers)).
+  // Empty: the teacher's own (Describe.capture_layer_ids). The source sets
+  // it from OnlineSourceOptions::capture_layer_ids.
+  std::vector<int32_t> capture_layer_ids;
   // Where the trainer computes. NCCL payloads for a CUDA device are received
   // straight into its memory (no host copy) and arrive as tensors there;
   // every other payload arrives on the host.

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -110,9 +111,28 @@ void ComputeBatcher::Loop() {
 void ComputeBatcher::RunBatch(std::deque<ComputeJob>& batch) {
   ForwardRequest request;
   request.want_target_ids = options_.keep_target_ids;
+  const std::vector<int>& described = runtime_.Describe().capture_layer_ids;
+  auto layers_of = [&](const ComputeJob& job) -> const std::vector<int>& {
+    return job.capture_layer_ids.empty() ? described : job.capture_layer_ids;
+  };
+  // The layers this forward captures: the jobs' one set when they agree
+  // (then no sample is sliced), else the ascending union of theirs.
+  bool one_set = true;
   for (const ComputeJob& job : batch) {
     request.sequences.emplace_back(job.request.token_ids().begin(), job.request.token_ids().end());
+    one_set = one_set && layers_of(job) == layers_of(batch.front());
   }
+  std::vector<int> captured = layers_of(batch.front());
+  if (!one_set) {
+    captured.clear();
+    for (const ComputeJob& job : batch) {
+      captured.insert(captured.end(), layers_of(job).begin(), layers_of(job).end());
+    }
+    std::sort(captured.begin(), captured.end());
+    captured.erase(std::unique(captured.begin(), captured.end()), captured.end());
+  }
+  // The described set stays implicit (a runtime need not know the field).
+  if (captured != described) request.capture_layer_ids = captured;
   absl::StatusOr<std::vector<SequenceCapture>> captures = runtime_.Forward(request);
   {
     absl::MutexLock lock(&mu_);
@@ -135,10 +155,40 @@ void ComputeBatcher::RunBatch(std::deque<ComputeJob>& batch) {
     return;
   }
   for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i].sink->Deliver(
-        batch[i].request.request_id(),
-        BuildSample(batch[i].request, (*captures)[i], batch[i].packed_on_device));
+    absl::StatusOr<SequenceCapture> own =
+        SelectLayers((*captures)[i], captured, layers_of(batch[i]));
+    if (!own.ok()) {
+      batch[i].sink->Deliver(batch[i].request.request_id(), own.status());
+      continue;
+    }
+    batch[i].sink->Deliver(batch[i].request.request_id(),
+                           BuildSample(batch[i].request, *own, batch[i].packed_on_device));
   }
+}
+
+absl::StatusOr<SequenceCapture> ComputeBatcher::SelectLayers(const SequenceCapture& capture,
+                                                             const std::vector<int>& captured,
+                                                             const std::vector<int>& want) const {
+  const int64_t hidden = runtime_.Describe().hidden_size;
+  const int64_t width = static_cast<int64_t>(captured.size()) * hidden;
+  if (!capture.aux_hidden.defined() || capture.aux_hidden.dim() != 2 ||
+      capture.aux_hidden.size(1) != width) {
+    return absl::InternalError(absl::StrCat(
+        "the runtime's aux_hidden is not [T, ", width, "] for the ", captured.size(),
+        " capture layers asked for (does it honour ForwardRequest.capture_layer_ids?)"));
+  }
+  if (want == captured) return capture;
+  SequenceCapture own = capture;
+  RETURN_IF_ERROR(CatchTorch("capture layers", [&] {
+    std::vector<torch::Tensor> columns;
+    for (int id : want) {
+      const auto at = std::find(captured.begin(), captured.end(), id);
+      TORCH_CHECK(at != captured.end(), "layer ", id, " was not captured");
+      columns.push_back(capture.aux_hidden.narrow(1, (at - captured.begin()) * hidden, hidden));
+    }
+    own.aux_hidden = torch::cat(columns, 1);
+  }));
+  return own;
 }
 
 absl::StatusOr<std::shared_ptr<const ReadySample>> ComputeBatcher::BuildSample(

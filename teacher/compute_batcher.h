@@ -5,6 +5,13 @@
 // tensors, names and dtypes as `dump` stores, with their contract) and hands
 // it back to the stream that asked.
 //
+// Capture layers per stream: each job names the layers its aux_hidden holds
+// (empty: the runtime's described set). A batch whose jobs all want the
+// same set captures exactly it; a mixed batch captures the ascending union
+// of its jobs' layers once, and each sample gets its own layers' columns,
+// in its order (copies of the same rows: bitwise what a forward capturing
+// only those layers returns).
+//
 // Thread-safety: Enqueue and Stop may be called from any thread; sinks are
 // called on the compute thread, never under the batcher's lock.
 #ifndef SPECSTREAM_TEACHER_COMPUTE_BATCHER_H_
@@ -16,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -60,6 +68,9 @@ struct ComputeJob {
   v1::StreamRequest::SampleRequest request;
   // The payload is one packed buffer with a device checksum (NCCL streams).
   bool packed_on_device = false;
+  // The layers of this sample's aux_hidden, in order (each in [0, L), as
+  // the stream's Open was checked); empty: the runtime's described set.
+  std::vector<int> capture_layer_ids;
 };
 
 struct ComputeBatcherOptions {
@@ -97,6 +108,13 @@ class ComputeBatcher final {
   // failed batch of several is retried one sample at a time, so one bad
   // sample fails alone.
   void RunBatch(std::deque<ComputeJob>& batch);
+  // The job's capture of `want` layers from a forward that captured
+  // `captured` (which holds every one of them): the capture itself when
+  // they are the same, else a copy of its layers' columns. Internal when
+  // aux_hidden is not [T, captured.size() * H].
+  absl::StatusOr<SequenceCapture> SelectLayers(const SequenceCapture& capture,
+                                               const std::vector<int>& captured,
+                                               const std::vector<int>& want) const;
   absl::StatusOr<std::shared_ptr<const ReadySample>> BuildSample(
       const v1::StreamRequest::SampleRequest& request, const SequenceCapture& capture,
       bool packed_on_device);

@@ -35,9 +35,9 @@ absl::Status HfRuntime::Load() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(const torch::Tensor& ids,
-                                                                const std::vector<int64_t>& lengths,
-                                                                bool want_target_ids) {
+absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(
+    const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
+    const std::vector<int>& capture_ids) {
   const int64_t batch = static_cast<int64_t>(lengths.size());
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   torch::Tensor padded = torch::zeros({batch, longest}, torch::kInt64);
@@ -46,7 +46,7 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(const torch::Ten
     padded[b].narrow(0, 0, lengths[b]).copy_(ids.narrow(0, offset, lengths[b]));
     offset += lengths[b];
   }
-  return ComputePadded(padded.to(device_), lengths, want_target_ids, nullptr);
+  return ComputePadded(padded.to(device_), lengths, want_target_ids, capture_ids, nullptr);
 }
 
 absl::StatusOr<std::vector<torch::Tensor>> HfRuntime::HiddenStates(
@@ -57,14 +57,15 @@ absl::StatusOr<std::vector<torch::Tensor>> HfRuntime::HiddenStates(
   torch::Tensor input =
       torch::tensor(std::vector<int64_t>(ids.begin(), ids.end())).unsqueeze(0).to(device_);
   std::vector<torch::Tensor> hidden;
-  auto result = ComputePadded(input, {static_cast<int64_t>(ids.size())}, false, &hidden);
+  auto result = ComputePadded(input, {static_cast<int64_t>(ids.size())}, false,
+                              description_.capture_layer_ids, &hidden);
   if (!result.ok()) return result.status();
   return hidden;
 }
 
 absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-    std::vector<torch::Tensor>* all_hidden) {
+    const std::vector<int>& capture_ids, std::vector<torch::Tensor>* all_hidden) {
   std::vector<SequenceCapture> out;
   absl::Status status = CatchTorch("hf forward", [&] {
     torch::NoGradGuard no_grad;
@@ -83,7 +84,6 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     torch::Tensor h = weights_->embed.index_select(0, ids.reshape({-1})).view({batch, t, -1});
     auto [cos, sin] = rotary_->CosSin(torch::arange(t, ids.options()), dtype_);
     // Captures in the order of the ids (which may repeat or be unsorted).
-    const auto& capture_ids = description_.capture_layer_ids;
     std::vector<torch::Tensor> ordered(capture_ids.size());
     if (all_hidden) all_hidden->push_back(h[0].clone());
     nn::AttentionOptions attention;

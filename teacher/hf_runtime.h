@@ -43,14 +43,14 @@ class HfRuntime final : public TensorParallelRuntime {
   HfRuntime() = default;
   absl::Status Load();
   // Right-pads the packed sequences (id 0) and runs ComputePadded.
-  absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
-                                                       const std::vector<int64_t>& lengths,
-                                                       bool want_target_ids) override;
+  absl::StatusOr<std::vector<SequenceCapture>> Compute(
+      const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
+      const std::vector<int>& capture_ids) override;
   // ids [B, T] int64 right-padded, on device_; causal attention keeps the
   // padding out of every real position.
   absl::StatusOr<std::vector<SequenceCapture>> ComputePadded(
       const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-      std::vector<torch::Tensor>* all_hidden);
+      const std::vector<int>& capture_ids, std::vector<torch::Tensor>* all_hidden);
 
   HfModelConfig config_;
   ModelDescription description_;

@@ -274,6 +274,12 @@ absl::StatusOr<ModelWeights> LoadTargetWeights(const std::string& model_dir, con
 
 absl::Status ValidateForwardRequest(const ForwardRequest& request, const HfModelConfig& config) {
   if (request.sequences.empty()) return absl::InvalidArgumentError("request has no sequences");
+  for (int id : request.capture_layer_ids) {
+    if (id < 0 || id >= config.num_hidden_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("capture layer id ", id, " is outside [0, ", config.num_hidden_layers, ")"));
+    }
+  }
   for (size_t s = 0; s < request.sequences.size(); ++s) {
     const auto& seq = request.sequences[s];
     if (seq.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " is empty"));

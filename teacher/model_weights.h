@@ -124,7 +124,8 @@ absl::StatusOr<ModelWeights> LoadTargetWeights(const std::string& model_dir,
                                                torch::Device device = torch::kCPU);
 
 // InvalidArgument for no sequences, an empty one, one over
-// max_position_embeddings or an id outside the vocab.
+// max_position_embeddings, an id outside the vocab or a capture layer
+// outside [0, num_hidden_layers).
 absl::Status ValidateForwardRequest(const ForwardRequest& request, const HfModelConfig& config);
 
 // Argmax of last_hidden · lm_headᵀ over the full vocab, in row chunks whose

@@ -138,7 +138,8 @@ torch::Tensor SglangRuntime::SparseMlp(const Layer& l, const torch::Tensor& x) {
 }
 
 absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
-    const torch::Tensor& host_ids, const std::vector<int64_t>& lengths, bool want_target_ids) {
+    const torch::Tensor& host_ids, const std::vector<int64_t>& lengths, bool want_target_ids,
+    const std::vector<int>& capture_ids) {
   std::vector<SequenceCapture> out;
   absl::Status status = CatchTorch("sglang forward", [&] {
     torch::NoGradGuard no_grad;
@@ -168,7 +169,6 @@ absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
     sin = sin.unsqueeze(1);
 
     torch::Tensor h = embed_.index_select(0, ids);  // [N, H]
-    const auto& capture_ids = description_.capture_layer_ids;
     std::vector<torch::Tensor> ordered(capture_ids.size());
     nn::AttentionOptions attention;
     attention.scale = 1.0 / std::sqrt(static_cast<double>(d));

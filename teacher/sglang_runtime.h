@@ -51,9 +51,9 @@ class SglangRuntime final : public TensorParallelRuntime {
   struct Layer;
   SglangRuntime() = default;
   absl::Status Load();
-  absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
-                                                       const std::vector<int64_t>& lengths,
-                                                       bool want_target_ids) override;
+  absl::StatusOr<std::vector<SequenceCapture>> Compute(
+      const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
+      const std::vector<int>& capture_ids) override;
   // A sparse layer's MLP over the packed tokens x [N, H]: this rank's partial
   // sum under TP (the caller all-reduces it). Throws on a failed collective.
   torch::Tensor SparseMlp(const Layer& layer, const torch::Tensor& x);

@@ -7,6 +7,7 @@
 #ifndef SPECSTREAM_TEACHER_STREAM_REQUEST_H_
 #define SPECSTREAM_TEACHER_STREAM_REQUEST_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -17,13 +18,17 @@
 
 namespace specstream::teacher {
 
-// The sender a student's Open asks for, or why the stream is refused: what
-// OpenPayloadSender refuses (the transport, the shm ring, the NCCL id),
-// then a contract_dtype other than DTYPE_UNSPECIFIED and `payload_dtype`
-// (FailedPrecondition). An shm Open attaches the ring it names.
+// The sender a student's Open asks for, or why the stream is refused:
+// capture_layer_ids that are not ascending, distinct and in
+// [0, num_layers) (InvalidArgument naming open.capture_layer_ids; checked
+// first, so a refused Open attaches nothing), what OpenPayloadSender
+// refuses (the transport, the shm ring, the NCCL id), then a contract_dtype
+// other than DTYPE_UNSPECIFIED and `payload_dtype` (FailedPrecondition). An
+// shm Open attaches the ring it names.
 absl::StatusOr<std::unique_ptr<PayloadSender>> AcceptOpen(const v1::StreamRequest::Open& open,
                                                           const PayloadSenderConfig& config,
-                                                          v1::DType payload_dtype);
+                                                          v1::DType payload_dtype,
+                                                          int64_t num_layers);
 
 // A Credit grants at least one sample: InvalidArgument when n is 0.
 absl::Status ValidateCredit(const v1::StreamRequest::Credit& credit);

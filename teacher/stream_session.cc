@@ -186,7 +186,9 @@ void StreamSession::HandleLocked(const StreamRequest& request) {
 }
 
 absl::Status StreamSession::OpenLocked(const StreamRequest::Open& open) {
-  ASSIGN_OR_RETURN(sender_, AcceptOpen(open, config_.sender, config_.payload_dtype));
+  ASSIGN_OR_RETURN(sender_,
+                   AcceptOpen(open, config_.sender, config_.payload_dtype, config_.num_layers));
+  capture_layer_ids_.assign(open.capture_layer_ids().begin(), open.capture_layer_ids().end());
   // Opened follows once the sender is connected (PayloadLoop); nothing is
   // written before it. Requests are computed meanwhile.
   phase_ = Phase::kConnecting;
@@ -320,8 +322,8 @@ bool StreamSession::CanSubmitLocked() const {
 void StreamSession::SubmitOneLocked(SampleRequest request) {
   ++in_flight_;
   ++materialized_;
-  config_.batcher->Enqueue(
-      ComputeJob{shared_from_this(), std::move(request), sender_->packed_on_device()});
+  config_.batcher->Enqueue(ComputeJob{shared_from_this(), std::move(request),
+                                      sender_->packed_on_device(), capture_layer_ids_});
 }
 
 void StreamSession::SubmitLocked() {

@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -72,6 +73,7 @@ struct StreamSessionConfig {
   v1::DType payload_dtype = v1::DTYPE_BF16;  // what Opened streams send (Describe.dtype)
   int64_t max_tokens = 0;
   int64_t vocab_size = 0;
+  int64_t num_layers = 0;  // bounds Open.capture_layer_ids
   int max_samples_per_stream = 8;
   int max_queued_requests = 4096;
   PayloadSenderConfig sender;
@@ -184,6 +186,8 @@ class StreamSession final : public SampleSink,
   // Negotiated at Open; used by the payload thread without the lock (it is
   // set before the thread starts and never changes).
   std::unique_ptr<PayloadSender> sender_;
+  // Open.capture_layer_ids, given to every job (empty: the teacher's set).
+  std::vector<int> capture_layer_ids_ ABSL_GUARDED_BY(mu_);
   // Flow control: in_flight_ counts samples holding a credit (submitted,
   // ready, being sent, or sent and not yet acked); materialized_ those whose
   // payload exists (submitted, ready, being sent).

@@ -2,9 +2,10 @@
 // and "sglang"). Callers (dump, the teacher service) depend only on
 // this.
 //
-// Contract (shared/DESIGN.md §3): for each sequence of token ids the runtime
-// returns the residual stream at the output of the capture layers,
-// concatenated in order (aux_hidden [T, 3H]), the final post-norm hidden state
+// Contract (shared/DESIGN.md §3, §10): for each sequence of token ids the
+// runtime returns the residual stream at the output of the capture layers,
+// concatenated in order (aux_hidden [T, C*H]: the request's layers, or the
+// described ones when it names none), the final post-norm hidden state
 // (last_hidden [T, H]) and, when asked, the full-vocab argmax of the next-token
 // logits (target_ids int32 [T]).
 //
@@ -37,6 +38,10 @@ struct ModelDescription {
 struct ForwardRequest {
   std::vector<std::vector<int32_t>> sequences;  // each non-empty, ids < vocab
   bool want_target_ids = false;
+  // The layers this forward captures for every sequence, in this order,
+  // each in [0, num_layers) (the compute batcher asks for the union of its
+  // streams' sets). Empty: ModelDescription::capture_layer_ids.
+  std::vector<int> capture_layer_ids;
 };
 
 struct SequenceCapture {
@@ -49,8 +54,9 @@ class TargetRuntime {
  public:
   virtual ~TargetRuntime() = default;
   virtual const ModelDescription& Describe() const = 0;
-  // InvalidArgument for an empty sequence, an id outside the vocab or a
-  // sequence longer than max_position_embeddings; the runtime stays usable.
+  // InvalidArgument for an empty sequence, an id outside the vocab, a
+  // sequence longer than max_position_embeddings or a capture layer outside
+  // [0, num_layers); the runtime stays usable.
   virtual absl::StatusOr<std::vector<SequenceCapture>> Forward(const ForwardRequest& request) = 0;
 };
 

@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<TeacherCore>> TeacherCore::Create(TargetRuntime& 
   d.set_vocab_size(model.vocab_size);
   d.set_num_layers(model.num_layers);
   for (int id : model.capture_layer_ids) d.add_capture_layer_ids(id);
+  d.set_per_stream_capture_layers(true);
   d.set_dtype(ToProtoDType(payload_dtype));
   d.set_max_tokens(max_tokens);
   d.add_transports(v1::TRANSPORT_INLINE);
@@ -135,6 +136,7 @@ absl::StatusOr<std::unique_ptr<TeacherCore>> TeacherCore::Create(TargetRuntime& 
   s.payload_dtype = d.dtype();
   s.max_tokens = max_tokens;
   s.vocab_size = model.vocab_size;
+  s.num_layers = model.num_layers;
   s.max_samples_per_stream = o.max_samples_per_stream;
   s.max_queued_requests = o.max_queued_requests;
   s.sender.chunk_bytes = o.chunk_bytes;

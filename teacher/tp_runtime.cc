@@ -39,7 +39,9 @@ absl::StatusOr<std::vector<SequenceCapture>> TensorParallelRuntime::Forward(
       return sent;
     }
   }
-  auto result = Compute(ids, lengths, request.want_target_ids);
+  const std::vector<int>& capture =
+      request.capture_layer_ids.empty() ? Describe().capture_layer_ids : request.capture_layer_ids;
+  auto result = Compute(ids, lengths, request.want_target_ids, capture);
   if (!result.ok() && options_.tp_size > 1) group_broken_ = true;
   return result;
 }
@@ -57,7 +59,10 @@ absl::Status TensorParallelRuntime::RunFollower() {
     torch::Tensor ids = torch::zeros({header[1].item<int64_t>()}, torch::kInt64);
     RETURN_IF_ERROR(Broadcast(*options_.group, ids, 0));
     std::vector<int64_t> lengths(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + count);
-    auto result = Compute(ids, lengths, header[2].item<int64_t>() != 0);
+    // The leader's capture layers are not sent (see the header): these
+    // captures are dropped.
+    auto result =
+        Compute(ids, lengths, header[2].item<int64_t>() != 0, Describe().capture_layer_ids);
     if (!result.ok()) return result.status();
   }
 }

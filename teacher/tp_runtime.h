@@ -56,7 +56,9 @@ struct TargetRuntimeOptions {
 // broadcast as a header {sequences, total tokens, want_target_ids}, the
 // sequence lengths and the ids packed back to back (int64 [total]); every
 // rank then runs Compute on the same packed ids. A header of 0 sequences
-// releases the followers.
+// releases the followers. The capture layers are not broadcast: which
+// layers are kept changes no collective, and only the leader's captures are
+// returned (followers keep the described ones and drop them).
 class TensorParallelRuntime : public TargetRuntime {
  public:
   // Rank 0: validates the request, broadcasts it to the followers, computes.
@@ -77,11 +79,12 @@ class TensorParallelRuntime : public TargetRuntime {
 
  protected:
   // The forward every rank runs: `ids` int64 [N] (on the host) holds the
-  // sequences back to back, `lengths` sums to N. Target ids are computed on
-  // rank 0 only. Captures are on device_.
-  virtual absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
-                                                               const std::vector<int64_t>& lengths,
-                                                               bool want_target_ids) = 0;
+  // sequences back to back, `lengths` sums to N. `capture_ids` (each in
+  // [0, L), any order) are the layers concatenated into aux_hidden. Target
+  // ids are computed on rank 0 only. Captures are on device_.
+  virtual absl::StatusOr<std::vector<SequenceCapture>> Compute(
+      const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
+      const std::vector<int>& capture_ids) = 0;
 
   // The group for collectives on device_ tensors (see TargetRuntimeOptions).
   CommGroup& ActivationGroup() const {

@@ -192,6 +192,8 @@ class GrpcTeacherStream final : public student::TeacherStream,
     granted_ = credits;
     v1::StreamRequest open;
     open.mutable_open()->set_transport(transport_);
+    open.mutable_open()->mutable_capture_layer_ids()->Add(options_.capture_layer_ids.begin(),
+                                                          options_.capture_layer_ids.end());
     if (transport_ == v1::TRANSPORT_SHM) {
       open.mutable_open()->set_shm_name(ring_->name());
       open.mutable_open()->set_shm_capacity(ring_->capacity());

@@ -18,7 +18,8 @@
 //   * no check crashes; every refusal is the status its header names, and
 //     names the field it refuses;
 //   * an accepted Open's sender has the transport asked for and a chunk size
-//     in [1, configured], within max_chunk_bytes and, for shm, the ring;
+//     in [1, configured], within max_chunk_bytes and, for shm, the ring, and
+//     its capture_layer_ids are ascending, distinct and within the model;
 //   * an accepted SampleRequest has ids within the vocab, a 0/1 mask of one
 //     byte per token or none, and rows [begin, end) that are non-empty,
 //     inside the sample and around the slice asked for.
@@ -48,6 +49,7 @@ using specstream::v1::StreamRequest;
 constexpr int64_t kMaxTokens = 2048;
 constexpr int64_t kVocabSize = 151936;
 constexpr specstream::v1::DType kPayloadDtype = specstream::v1::DTYPE_BF16;
+constexpr int64_t kNumLayers = 64;
 // The fuzzer's ring: seeds ask for this capacity.
 constexpr uint64_t kRingCapacity = 64 << 10;
 
@@ -99,7 +101,7 @@ void CheckOpen(const StreamRequest& request) {
   const Teacher& teacher = GetTeacher();
   StreamRequest::Open open = request.open();
   if (!open.shm_name().empty()) open.set_shm_name(teacher.ring->name());
-  auto sender = specstream::teacher::AcceptOpen(open, teacher.sender, kPayloadDtype);
+  auto sender = specstream::teacher::AcceptOpen(open, teacher.sender, kPayloadDtype, kNumLayers);
   if (!sender.ok()) {
     const absl::StatusCode code = sender.status().code();
     if (code != absl::StatusCode::kInvalidArgument &&
@@ -107,7 +109,19 @@ void CheckOpen(const StreamRequest& request) {
       Fail("an Open refused with an unexpected code", request, sender.status().ToString());
     }
     CheckRefusal(sender.status(), "open.", request);
+    if (absl::StrContains(sender.status().message(), "open.capture_layer_ids") &&
+        code != absl::StatusCode::kInvalidArgument) {
+      Fail("capture_layer_ids refused with a code other than INVALID_ARGUMENT", request,
+           sender.status().ToString());
+    }
     return;
+  }
+  const auto& ids = open.capture_layer_ids();
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= kNumLayers || (i > 0 && ids[i] <= ids[i - 1])) {
+      Fail("capture_layer_ids that are not ascending, distinct and within the model were accepted",
+           request, "");
+    }
   }
   const specstream::PayloadSender& s = **sender;
   if (s.transport() != open.transport()) {

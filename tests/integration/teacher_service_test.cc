@@ -13,8 +13,10 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/grpc/byte_buffer.h"
@@ -68,6 +70,7 @@ class RecordingRuntime final : public TargetRuntime {
     {
       absl::MutexLock lock(&mu_);
       batches_.push_back(r.sequences.size());
+      capture_requests_.push_back(r.capture_layer_ids);
       mu_.Await(absl::Condition(&gate_open_));
     }
     return inner_.Forward(r);
@@ -80,6 +83,11 @@ class RecordingRuntime final : public TargetRuntime {
     absl::MutexLock lock(&mu_);
     return batches_;
   }
+  // Each Forward's ForwardRequest::capture_layer_ids.
+  std::vector<std::vector<int>> capture_requests() {
+    absl::MutexLock lock(&mu_);
+    return capture_requests_;
+  }
   bool AwaitCalls(size_t n, absl::Duration timeout = absl::Seconds(30)) {
     absl::MutexLock lock(&mu_);
     auto enough = [&] { return batches_.size() >= n; };
@@ -90,6 +98,7 @@ class RecordingRuntime final : public TargetRuntime {
   TargetRuntime& inner_;
   absl::Mutex mu_;
   std::vector<size_t> batches_;
+  std::vector<std::vector<int>> capture_requests_;
   bool gate_open_ = true;
 };
 
@@ -136,10 +145,12 @@ class TestStream final {
   }
 
   void Open(v1::Transport transport, uint64_t max_chunk_bytes = 0,
-            v1::DType contract_dtype = v1::DTYPE_UNSPECIFIED) {
+            v1::DType contract_dtype = v1::DTYPE_UNSPECIFIED,
+            const std::vector<int32_t>& capture_layer_ids = {}) {
     StreamRequest request;
     StreamRequest::Open* open = request.mutable_open();
     open->set_transport(transport);
+    open->mutable_capture_layer_ids()->Add(capture_layer_ids.begin(), capture_layer_ids.end());
     open->set_max_chunk_bytes(max_chunk_bytes);
     open->set_contract_dtype(contract_dtype);
     if (ring_) {
@@ -864,6 +875,170 @@ TEST_F(TeacherServiceTest, EightConcurrentStreamsAllComplete) {
   }
   EXPECT_EQ(server_->core().stats().samples_sent, kStreams * kSamples);
   EXPECT_EQ(server_->core().stats().streams, kStreams);
+}
+
+// The bytes of tensor `name` in a received payload.
+std::string TensorBytes(const ReceivedSample& s, const std::string& name) {
+  for (const v1::TensorSpec& spec : s.header.contract().tensors()) {
+    if (spec.name() == name) return s.payload.substr(spec.offset(), spec.nbytes());
+  }
+  ADD_FAILURE() << "no tensor " << name;
+  return "";
+}
+
+std::vector<int64_t> TensorShape(const ReceivedSample& s, const std::string& name) {
+  for (const v1::TensorSpec& spec : s.header.contract().tensors()) {
+    if (spec.name() == name) return {spec.shape().begin(), spec.shape().end()};
+  }
+  return {};
+}
+
+// P14 item 2: each stream names its own capture layers. Two streams with
+// different sets ({1, 3} and {2, 4, 6}: no layer sits at its own index in
+// the union), batched into one forward (the gate makes the batch
+// [A:3, A:5, B:3, B:5]), each get exactly their layers' columns, bitwise
+// what a stream capturing every layer gets for the same batch; the forward
+// captured the union once.
+TEST_F(TeacherServiceTest, StreamsWithTheirOwnCaptureLayersShareOneForward) {
+  TeacherServiceOptions options = Options("float32");
+  options.max_batch_tokens = 4096;
+  StartServer(options);
+  const int64_t hidden = runtime_->Describe().hidden_size;
+  const std::vector<int32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  const std::vector<int32_t> set_a = {1, 3};
+  const std::vector<int32_t> set_b = {2, 4, 6};
+
+  // Holds a plug sample at the gate, queues `requests` (stream, request id,
+  // sample) in order, each one behind the last, then opens the gate.
+  auto run_batch = [&](TestStream& plug,
+                       const std::vector<std::tuple<TestStream*, uint64_t, int>>& requests) {
+    const size_t calls = recording_->batches().size();
+    recording_->SetGate(false);
+    plug.Request(900 + calls, 0);
+    ASSERT_TRUE(recording_->AwaitCalls(calls + 1));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto [stream, request_id, sample] = requests[i];
+      stream->Request(request_id, sample);
+      ASSERT_TRUE(testing::WaitUntil(
+          [&] { return server_->core().stats().queued_jobs == static_cast<int64_t>(i + 1); },
+          absl::Seconds(20)));
+    }
+    recording_->SetGate(true);
+  };
+  auto by_request = [](TestStream& stream, uint64_t request_id) {
+    for (const ReceivedSample& s : stream.state().samples) {
+      if (s.header.request_id() == request_id) return s;
+    }
+    ADD_FAILURE() << "no sample for request " << request_id;
+    return ReceivedSample{};
+  };
+
+  // The reference: one stream capturing every layer, same batch layout.
+  TestStream full(stub_.get());
+  full.Open(v1::TRANSPORT_INLINE, 0, v1::DTYPE_UNSPECIFIED, all);
+  full.Credit(8);
+  run_batch(full, {{&full, 1, 3}, {&full, 2, 5}, {&full, 3, 3}, {&full, 4, 5}});
+  ASSERT_TRUE(full.AwaitSamples(5));
+
+  TestStream a(stub_.get());
+  TestStream b(stub_.get());
+  b.CreateRing(1 << 16);
+  a.Open(v1::TRANSPORT_INLINE, 0, v1::DTYPE_UNSPECIFIED, set_a);
+  b.Open(v1::TRANSPORT_SHM, 0, v1::DTYPE_UNSPECIFIED, set_b);
+  a.Credit(8);
+  b.Credit(8);
+  run_batch(a, {{&a, 1, 3}, {&a, 2, 5}, {&b, 1, 3}, {&b, 2, 5}});
+  ASSERT_TRUE(a.AwaitSamples(3));
+  ASSERT_TRUE(b.AwaitSamples(2));
+  EXPECT_EQ(recording_->batches(), (std::vector<size_t>{1, 4, 1, 4}));
+  const std::vector<std::vector<int>> captured = recording_->capture_requests();
+  ASSERT_EQ(captured.size(), 4u);
+  EXPECT_EQ(captured[1], std::vector<int>(all.begin(), all.end()));
+  EXPECT_EQ(captured[3], (std::vector<int>{1, 2, 3, 4, 6}));  // the union, once
+
+  // Stream `stream`'s request `id` against the reference's request `ref_id`.
+  auto check = [&](TestStream& stream, uint64_t id, uint64_t ref_id,
+                   const std::vector<int32_t>& layers) {
+    const ReceivedSample got = by_request(stream, id);
+    const ReceivedSample ref = by_request(full, ref_id);
+    const int64_t t = ref.header.row_end();
+    ASSERT_TRUE(VerifyPayload(got.header.contract(), got.payload).ok());
+    EXPECT_EQ(TensorShape(got, "aux_hidden"),
+              (std::vector<int64_t>{t, static_cast<int64_t>(layers.size()) * hidden}));
+    EXPECT_EQ(TensorShape(ref, "aux_hidden"), (std::vector<int64_t>{t, 8 * hidden}));
+    const std::string ref_aux = TensorBytes(ref, "aux_hidden");
+    const size_t layer_bytes = hidden * sizeof(float);
+    std::string expected;
+    for (int64_t row = 0; row < t; ++row) {
+      for (int32_t k : layers) expected += ref_aux.substr((row * 8 + k) * layer_bytes, layer_bytes);
+    }
+    EXPECT_TRUE(TensorBytes(got, "aux_hidden") == expected)
+        << "request " << id << ": aux_hidden is not the columns of layers "
+        << absl::StrJoin(layers, ",");
+    for (const char* name : {"input_ids", "loss_mask", "last_hidden", "target_ids"}) {
+      EXPECT_TRUE(TensorBytes(got, name) == TensorBytes(ref, name)) << name;
+    }
+  };
+  check(a, 1, 1, set_a);
+  check(a, 2, 2, set_a);
+  check(b, 1, 3, set_b);
+  check(b, 2, 4, set_b);
+  for (TestStream* stream : {&full, &a, &b}) {
+    EXPECT_EQ(stream->state().protocol_error, "");
+    EXPECT_TRUE(stream->state().errors.empty());
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+
+  // Describe still reports the teacher's own set, and that streams may ask.
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::DescribeResponse d;
+  ASSERT_TRUE(stub_->Describe(&context, v1::DescribeRequest(), &d).ok());
+  EXPECT_EQ(std::vector<int>(d.capture_layer_ids().begin(), d.capture_layer_ids().end()),
+            (std::vector<int>{1, 3, 4}));
+  EXPECT_TRUE(d.per_stream_capture_layers());
+}
+
+// A stream asking for the teacher's own layers gets the default stream's
+// bytes; sets that are not ascending, distinct and within the model are
+// refused at Open naming the field, and the teacher keeps serving.
+TEST_F(TeacherServiceTest, CaptureLayerIdsAreCheckedAtOpen) {
+  StartServer(Options());
+  struct Case {
+    std::vector<int32_t> ids;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{3, 1}, "open.capture_layer_ids[1]: 1 follows 3 (not ascending)"},
+      {{0, 2, 2}, "open.capture_layer_ids[2]: 2 repeats"},
+      {{1, 8}, "open.capture_layer_ids[1]: 8 is outside [0, 8)"},
+      {{-1, 3}, "open.capture_layer_ids[0]: -1 is outside [0, 8)"},
+  };
+  for (const Case& c : cases) {
+    TestStream stream(stub_.get());
+    stream.Open(v1::TRANSPORT_INLINE, 0, v1::DTYPE_UNSPECIFIED, c.ids);
+    grpc::Status status = stream.AwaitEnd();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.message;
+    EXPECT_NE(status.error_message().find(c.message), std::string::npos) << status.error_message();
+    EXPECT_FALSE(stream.state().opened.has_value()) << c.message;
+  }
+  std::string payloads[2];
+  for (int k = 0; k < 2; ++k) {
+    TestStream stream(stub_.get());
+    if (k == 0) {
+      stream.Open(v1::TRANSPORT_INLINE);
+    } else {
+      stream.Open(v1::TRANSPORT_INLINE, 0, v1::DTYPE_UNSPECIFIED, {1, 3, 4});
+    }
+    stream.Credit(1);
+    stream.Request(1, 3);
+    ASSERT_TRUE(stream.AwaitSamples(1));
+    ASSERT_EQ(stream.state().samples.size(), 1u);
+    payloads[k] = stream.state().samples[0].payload;
+    EXPECT_TRUE(stream.Finish().ok());
+  }
+  EXPECT_FALSE(payloads[0].empty());
+  EXPECT_TRUE(payloads[0] == payloads[1]);
 }
 
 TEST_F(TeacherServiceTest, CorruptionHookMakesTheStudentsCrcCheckFail) {

@@ -15,13 +15,17 @@ FakeTargetRuntime::FakeTargetRuntime(FakeTargetRuntimeOptions options) {
   description_.dtype = torch::kFloat32;
 }
 
-torch::Tensor FakeTargetRuntime::ExpectedAux(const std::vector<int32_t>& ids) const {
+torch::Tensor FakeTargetRuntime::ExpectedAux(const std::vector<int32_t>& ids,
+                                             const std::vector<int>& layers) const {
+  const std::vector<int>& captured = layers.empty() ? description_.capture_layer_ids : layers;
   const int64_t t = static_cast<int64_t>(ids.size());
-  const int64_t width =
-      static_cast<int64_t>(description_.capture_layer_ids.size()) * description_.hidden_size;
+  const int64_t h = description_.hidden_size;
+  std::vector<torch::Tensor> columns;
+  for (int k : captured) columns.push_back(torch::arange(k * h, (k + 1) * h, torch::kFloat32));
+  const int64_t width = static_cast<int64_t>(captured.size()) * h;
   torch::Tensor id = torch::tensor(std::vector<int32_t>(ids)).to(torch::kFloat32).view({t, 1});
   torch::Tensor pos = torch::arange(t, torch::kFloat32).view({t, 1}) / 1000;
-  torch::Tensor col = torch::arange(width, torch::kFloat32).view({1, width}) / 1e6;
+  torch::Tensor col = torch::cat(columns).view({1, width}) / 1e6;
   return (id + pos + col).contiguous();
 }
 
@@ -41,7 +45,14 @@ absl::StatusOr<std::vector<teacher::SequenceCapture>> FakeTargetRuntime::Forward
     auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_; };
     mu_.Await(absl::Condition(&released));
     batch_sizes_.push_back(static_cast<int64_t>(request.sequences.size()));
+    capture_requests_.push_back(request.capture_layer_ids);
     poison = poison_id_;
+  }
+  for (int k : request.capture_layer_ids) {
+    if (k < 0 || k >= description_.num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("capture layer id ", k, " is outside [0, ", description_.num_layers, ")"));
+    }
   }
   std::vector<teacher::SequenceCapture> out;
   for (const std::vector<int32_t>& ids : request.sequences) {
@@ -53,7 +64,7 @@ absl::StatusOr<std::vector<teacher::SequenceCapture>> FakeTargetRuntime::Forward
       if (id == poison) return absl::InternalError(absl::StrCat("poison token id ", id));
     }
     teacher::SequenceCapture capture;
-    capture.aux_hidden = ExpectedAux(ids);
+    capture.aux_hidden = ExpectedAux(ids, request.capture_layer_ids);
     capture.last_hidden = ExpectedLast(ids);
     if (request.want_target_ids) {
       capture.target_ids = ((torch::tensor(std::vector<int32_t>(ids)) + 1) %
@@ -88,6 +99,11 @@ int64_t FakeTargetRuntime::forward_calls() const {
 std::vector<int64_t> FakeTargetRuntime::batch_sizes() const {
   absl::MutexLock lock(&mu_);
   return batch_sizes_;
+}
+
+std::vector<std::vector<int>> FakeTargetRuntime::capture_requests() const {
+  absl::MutexLock lock(&mu_);
+  return capture_requests_;
 }
 
 bool FakeTargetRuntime::AwaitSamples(int64_t n, absl::Duration timeout) const {

@@ -4,7 +4,9 @@
 // can compute the expected bytes itself (ExpectedAux / ExpectedLast), and it
 // fails or holds a Forward on cue.
 //
-//   aux_hidden[t, j]  = id_t + t / 1000 + j / 1e6 (float32), j < C·H
+//   aux_hidden[t, c·H + h] = id_t + t / 1000 + (k_c·H + h) / 1e6 (float32)
+//                       for the c-th capture layer k_c (the request's
+//                       capture_layer_ids, else the described ones)
 //   last_hidden[t, h] = -(id_t + h / 1000)
 //   target_ids[t]     = (id_t + 1) % vocab
 //
@@ -36,9 +38,9 @@ class FakeTargetRuntime final : public teacher::TargetRuntime {
   explicit FakeTargetRuntime(FakeTargetRuntimeOptions options = {});
 
   const teacher::ModelDescription& Describe() const override { return description_; }
-  // InvalidArgument for an empty sequence or an id outside the vocab (as a
-  // real runtime); Internal for a batch holding the poison id; waits while
-  // held.
+  // InvalidArgument for an empty sequence, an id outside the vocab or a
+  // capture layer outside [0, num_layers) (as a real runtime); Internal for
+  // a batch holding the poison id; waits while held.
   absl::StatusOr<std::vector<teacher::SequenceCapture>> Forward(
       const teacher::ForwardRequest& request) override;
 
@@ -47,15 +49,19 @@ class FakeTargetRuntime final : public teacher::TargetRuntime {
   // Forward waits until Release() while held (a slow target on cue).
   void Hold();
   void Release();
-  // Forward calls so far, and the batch sizes they had.
+  // Forward calls so far, the batch sizes they had and the capture layers
+  // they asked for (empty: the described ones).
   int64_t forward_calls() const;
   std::vector<int64_t> batch_sizes() const;
+  std::vector<std::vector<int>> capture_requests() const;
   // Waits until Forward has been asked for at least `n` sequences in all;
   // false past `timeout`.
   bool AwaitSamples(int64_t n, absl::Duration timeout) const;
 
-  // The captures Forward computes for `ids`.
-  torch::Tensor ExpectedAux(const std::vector<int32_t>& ids) const;
+  // The captures Forward computes for `ids` (of `layers`; empty: the
+  // described ones).
+  torch::Tensor ExpectedAux(const std::vector<int32_t>& ids,
+                            const std::vector<int>& layers = {}) const;
   torch::Tensor ExpectedLast(const std::vector<int32_t>& ids) const;
 
  private:
@@ -64,6 +70,7 @@ class FakeTargetRuntime final : public teacher::TargetRuntime {
   int32_t poison_id_ ABSL_GUARDED_BY(mu_) = -1;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int64_t> batch_sizes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<int>> capture_requests_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace specstream::testing

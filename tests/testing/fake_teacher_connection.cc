@@ -24,6 +24,10 @@ struct FakeTeacherConnector::Teacher {
   bool down = false;
   bool killed = false;
   int64_t hidden_delta = 0;
+  // Open.capture_layer_ids: predates them (Describe says so, and they are
+  // ignored), or ignores them although Describe says it honours them.
+  bool own_capture_layers_only = false;
+  bool ignores_capture_layers = false;
   std::optional<absl::Status> fail_next;
   bool corrupt_next = false;
   std::vector<v1::StreamRequest::SampleRequest> requests;
@@ -37,9 +41,13 @@ struct FakeTeacherConnector::Teacher {
 // `granted_` samples answered and not yet acknowledged.
 class FakeTeacherConnector::Stream final : public student::TeacherStream {
  public:
-  Stream(FakeTeacherConnector* owner, Teacher* teacher, std::mutex& mu,
-         student::TeacherStreamEvents& events)
-      : owner_(owner), teacher_(teacher), mu_(mu), events_(events) {}
+  Stream(FakeTeacherConnector* owner, Teacher* teacher, std::vector<int> capture_layer_ids,
+         std::mutex& mu, student::TeacherStreamEvents& events)
+      : owner_(owner),
+        teacher_(teacher),
+        capture_layer_ids_(std::move(capture_layer_ids)),
+        mu_(mu),
+        events_(events) {}
 
   ~Stream() override {
     {
@@ -150,6 +158,7 @@ class FakeTeacherConnector::Stream final : public student::TeacherStream {
     teacher::ForwardRequest forward;
     forward.sequences = {ids};
     forward.want_target_ids = options.keep_target_ids;
+    forward.capture_layer_ids = capture_layer_ids_;
     ASSIGN_OR_RETURN(std::vector<teacher::SequenceCapture> captures,
                      teacher_->runtime->Forward(forward));
     const auto [row_begin, row_end] = teacher::RequestRows(request);
@@ -186,6 +195,7 @@ class FakeTeacherConnector::Stream final : public student::TeacherStream {
 
   FakeTeacherConnector* const owner_;
   Teacher* const teacher_;
+  const std::vector<int> capture_layer_ids_;  // what Open asked for, if honoured
   std::mutex& mu_;  // the source's
   student::TeacherStreamEvents& events_;
   std::thread thread_;
@@ -244,6 +254,7 @@ absl::StatusOr<v1::DescribeResponse> FakeTeacherConnector::Describe(const std::s
   response.set_max_tokens(options_.max_tokens);
   response.add_transports(v1::TRANSPORT_INLINE);
   response.set_hostname(absl::StrCat("fake-", address));
+  response.set_per_stream_capture_layers(!teacher.own_capture_layers_only);
   return response;
 }
 
@@ -255,7 +266,13 @@ absl::StatusOr<std::unique_ptr<student::TeacherStream>> FakeTeacherConnector::Ne
     return absl::FailedPreconditionError(
         absl::StrCat("data.transport ", options.transport, ": fake teachers serve inline only"));
   }
-  return std::make_unique<Stream>(this, &TeacherAt(address), mu, events);
+  Teacher& teacher = TeacherAt(address);
+  std::vector<int> capture(options.capture_layer_ids.begin(), options.capture_layer_ids.end());
+  {
+    absl::MutexLock lock(&mu_);
+    if (teacher.own_capture_layers_only || teacher.ignores_capture_layers) capture.clear();
+  }
+  return std::make_unique<Stream>(this, &teacher, std::move(capture), mu, events);
 }
 
 void FakeTeacherConnector::SetDown(const std::string& address) {
@@ -268,6 +285,18 @@ void FakeTeacherConnector::ServeAnotherModel(const std::string& address) {
   Teacher& teacher = TeacherAt(address);
   absl::MutexLock lock(&mu_);
   teacher.hidden_delta = 1;
+}
+
+void FakeTeacherConnector::ServeOwnCaptureLayersOnly(const std::string& address) {
+  Teacher& teacher = TeacherAt(address);
+  absl::MutexLock lock(&mu_);
+  teacher.own_capture_layers_only = true;
+}
+
+void FakeTeacherConnector::IgnoreCaptureLayers(const std::string& address) {
+  Teacher& teacher = TeacherAt(address);
+  absl::MutexLock lock(&mu_);
+  teacher.ignores_capture_layers = true;
 }
 
 void FakeTeacherConnector::Kill(const std::string& address) {

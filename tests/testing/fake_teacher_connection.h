@@ -8,7 +8,8 @@
 // Describe, killed (its streams end), restarted on the same address,
 // failing or corrupting its next answer, or held (answers wait).
 //
-// Streams negotiate "auto" and "inline" only (payloads are host tensors).
+// Streams negotiate "auto" and "inline" only (payloads are host tensors),
+// and serve the capture layers their options name (Open.capture_layer_ids).
 // Thread-safety: every method may be called from any thread; streams keep
 // the locking contract of teacher_connection.h.
 #ifndef SPECSTREAM_TESTS_TESTING_FAKE_TEACHER_CONNECTION_H_
@@ -55,6 +56,12 @@ class FakeTeacherConnector final : public student::TeacherConnector {
   void SetDown(const std::string& address);
   // `address` serves another model (hidden size + 1) from now on.
   void ServeAnotherModel(const std::string& address);
+  // `address` predates Open.capture_layer_ids from now on: Describe says it
+  // serves only its own capture layers, and new streams ignore the field.
+  void ServeOwnCaptureLayersOnly(const std::string& address);
+  // New streams of `address` ignore Open.capture_layer_ids although its
+  // Describe says it honours them (a broken teacher).
+  void IgnoreCaptureLayers(const std::string& address);
   // Every open stream of `address` ends now; what it had not answered is
   // lost. Later streams to it end at once, and its Describe fails.
   void Kill(const std::string& address);

@@ -370,5 +370,88 @@ TEST_F(OnlineSourceTest, OpenSkipsDeadTeachersAndRefusesMixedModelsOrNoConnectio
   EXPECT_NE(refused.status().message().find("data.transport"), std::string::npos);
 }
 
+// P14 item 2: a source names the capture layers it trains on; every stream
+// asks for them, every sample holds exactly their columns, and model()
+// reports them (the fake target has 4 layers, hidden 8, its own set {1, 2}).
+TEST_F(OnlineSourceTest, CaptureLayerIdsAreAskedOfEveryTeacherAndReported) {
+  for (const std::vector<int32_t>& layers :
+       {std::vector<int32_t>{0, 3}, {2}, {0, 1, 2, 3}, {1, 2}}) {
+    auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a", "b"});
+    OnlineSourceOptions options = Options(connector, {"a", "b"});
+    options.capture_layer_ids = layers;
+    auto source = OnlineSource::Open(options);
+    ASSERT_TRUE(source.ok()) << source.status();
+    const std::vector<int> want(layers.begin(), layers.end());
+    EXPECT_EQ((*source)->model().capture_layer_ids, want);
+    for (int i = 0; i < kSamples; ++i) {
+      auto sample = (*source)->Get(i);
+      ASSERT_TRUE(sample.ok()) << sample.status();
+      EXPECT_EQ(sample->aux_hidden.sizes().vec(),
+                (std::vector<int64_t>{6 + i, static_cast<int64_t>(layers.size()) * 8}));
+      EXPECT_TRUE(
+          torch::equal(sample->aux_hidden, connector->runtime("a").ExpectedAux(ids_[i], want)))
+          << "sample " << i;
+    }
+    // Both teachers served, and an empty CP shard is as wide.
+    EXPECT_GE(connector->requests("a").size(), 4u);
+    EXPECT_GE(connector->requests("b").size(), 4u);
+    auto empty = (*source)->GetRows(0, RowRange{100, 120, 120});
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    EXPECT_EQ(empty->aux_hidden.sizes().vec(),
+              (std::vector<int64_t>{0, static_cast<int64_t>(layers.size()) * 8}));
+  }
+}
+
+TEST_F(OnlineSourceTest, CaptureLayerIdsAreRefusedNamingTheField) {
+  // Not ascending, repeated, outside the 4-layer target.
+  for (const std::vector<int32_t>& layers : {std::vector<int32_t>{3, 1}, {1, 1}, {0, 4}, {-1}}) {
+    auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+    OnlineSourceOptions options = Options(connector, {"a"});
+    options.capture_layer_ids = layers;
+    auto source = OnlineSource::Open(options);
+    ASSERT_FALSE(source.ok());
+    EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument) << source.status();
+    EXPECT_NE(source.status().message().find("capture_layer_ids["), std::string::npos)
+        << source.status();
+    EXPECT_NE(source.status().message().find("4-layer target"), std::string::npos)
+        << source.status();
+  }
+  // A teacher that predates per-stream capture layers serves only its own.
+  {
+    auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+    connector->ServeOwnCaptureLayersOnly("a");
+    OnlineSourceOptions options = Options(connector, {"a"});
+    options.capture_layer_ids = {0, 3};
+    auto source = OnlineSource::Open(options);
+    ASSERT_FALSE(source.ok());
+    EXPECT_EQ(source.status().code(), absl::StatusCode::kFailedPrecondition) << source.status();
+    EXPECT_NE(source.status().message().find(
+                  "capture_layer_ids: [0, 3] asked for, but teacher a serves only its own "
+                  "capture layers [1, 2]"),
+              std::string::npos)
+        << source.status();
+    options.capture_layer_ids = {1, 2};  // its own: fine
+    auto same = OnlineSource::Open(options);
+    ASSERT_TRUE(same.ok()) << same.status();
+    EXPECT_EQ((*same)->model().capture_layer_ids, (std::vector<int>{1, 2}));
+  }
+  // A teacher that says it honours them but sends another width: refused
+  // when the first sample arrives.
+  {
+    auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+    connector->IgnoreCaptureLayers("a");
+    OnlineSourceOptions options = Options(connector, {"a"});
+    options.capture_layer_ids = {3};
+    auto source = OnlineSource::Open(options);
+    ASSERT_FALSE(source.ok());
+    EXPECT_EQ(source.status().code(), absl::StatusCode::kFailedPrecondition) << source.status();
+    EXPECT_NE(source.status().message().find(
+                  "the teacher sent aux_hidden [6, 16], but capture_layer_ids [3] of hidden "
+                  "size 8 need 8 columns"),
+              std::string::npos)
+        << source.status();
+  }
+}
+
 }  // namespace
 }  // namespace specstream::student

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "common/offline_store.h"
+#include "common/safetensors.h"
 #include "common/torch/tensor_util.h"
 #include "gtest/gtest.h"
 #include "teacher/hf_runtime.h"
@@ -161,6 +162,65 @@ TEST_F(DumpTest, IndexRecordsTheRuntime) {
   EXPECT_NE(mixed.status().message().find("\"contract.model.runtime\" is \"hf\""),
             std::string::npos)
       << mixed.status();
+}
+
+// P14 item 2: `dump --capture-layers ... --capture-for any` stores any
+// ascending set (DFlash / DSpark drafts: 1 to n layers): the index names the
+// ids, aux_hidden is [T, n*H] with layer k's output (HF hidden_states[k + 1])
+// in its n-th block, and last_hidden is the final *post-norm* state, checked
+// against an RMSNorm computed here from the last layer's output (the check
+// hf_families_test makes of the runtime itself).
+TEST_F(DumpTest, AnyAscendingCaptureSetIsStoredWithItsWidthAndIds) {
+  auto checkpoint = CheckpointTensors::Open(dir_.Join("model"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto norm_view = (*checkpoint)->Get("model.norm.weight");
+  ASSERT_TRUE(norm_view.ok()) << norm_view.status();
+  auto norm = TensorFromView(*norm_view, torch::kFloat64);
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  for (const std::vector<int>& layers : {std::vector<int>{4}, std::vector<int>{0, 2, 4, 5, 7}}) {
+    const std::string name = "store-" + std::to_string(layers.size());
+    HfRuntimeOptions runtime_options;
+    runtime_options.model_dir = dir_.Join("model");
+    runtime_options.dtype = "float32";
+    runtime_options.capture_layer_ids = layers;
+    auto runtime = HfRuntime::Create(runtime_options);
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    DumpOptions options = Options(name);
+    options.store_dtype = "float32";
+    auto summary = RunDump(**runtime, options);
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    auto reader = StoreReader::Open(dir_.Join(name));
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ((*reader)->contract()["model"]["capture_layer_ids"], nlohmann::json(layers));
+    const int64_t hidden = (*runtime)->Describe().hidden_size;
+    for (int64_t id : {int64_t{3}, int64_t{4}}) {  // pre-tokenized, and a chat sample
+      auto tensors = (*reader)->Get(id);
+      ASSERT_TRUE(tensors.ok()) << tensors.status();
+      std::map<std::string, TensorView> by_name;
+      for (const TensorView& t : *tensors) by_name[t.name] = t;
+      const TensorView& aux_view = by_name["aux_hidden"];
+      const int64_t t = aux_view.shape[0];
+      EXPECT_EQ(aux_view.shape,
+                (std::vector<int64_t>{t, static_cast<int64_t>(layers.size()) * hidden}));
+      torch::Tensor ids = BorrowView(by_name["input_ids"]);
+      auto states = (*runtime)->HiddenStates(
+          std::vector<int32_t>(ids.data_ptr<int32_t>(), ids.data_ptr<int32_t>() + t));
+      ASSERT_TRUE(states.ok()) << states.status();
+      torch::Tensor aux = BorrowView(aux_view);
+      for (size_t n = 0; n < layers.size(); ++n) {
+        EXPECT_TRUE(torch::allclose(aux.narrow(1, static_cast<int64_t>(n) * hidden, hidden),
+                                    (*states)[layers[n] + 1], 1e-6, 1e-6))
+            << "sample " << id << ", layer " << layers[n];
+      }
+      const torch::Tensor x = states->back().to(torch::kFloat64);
+      const torch::Tensor post_norm =
+          x * torch::rsqrt(x.pow(2).mean(-1, true) + (*runtime)->config().rms_norm_eps) * *norm;
+      torch::Tensor last = BorrowView(by_name["last_hidden"]).to(torch::kFloat64);
+      EXPECT_EQ(last.sizes().vec(), (std::vector<int64_t>{t, hidden}));
+      EXPECT_TRUE(torch::allclose(last, post_norm, 1e-5, 1e-5)) << "sample " << id;
+      EXPECT_FALSE(torch::allclose(last, x, 1e-2, 1e-2)) << "last_hidden is the pre-norm state";
+    }
+  }
 }
 
 TEST_F(DumpTest, BadRecordNamesTheLine) {

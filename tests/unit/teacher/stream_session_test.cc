@@ -212,6 +212,7 @@ class StreamSessionTest : public ::testing::Test {
     config_.payload_dtype = v1::DTYPE_F32;
     config_.max_tokens = 256;
     config_.vocab_size = runtime_.Describe().vocab_size;
+    config_.num_layers = runtime_.Describe().num_layers;
     config_.max_samples_per_stream = max_samples_per_stream;
     config_.max_queued_requests = max_queued_requests;
     config_.sender.chunk_bytes = chunk_bytes;
@@ -239,6 +240,20 @@ class StreamSessionTest : public ::testing::Test {
     return ids;
   }
   void Send(const StreamRequest& request) { session_->OnRequest(request); }
+  static StreamRequest OpenRequest(const std::vector<int32_t>& capture_layer_ids) {
+    StreamRequest r;
+    r.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+    r.mutable_open()->mutable_capture_layer_ids()->Add(capture_layer_ids.begin(),
+                                                       capture_layer_ids.end());
+    return r;
+  }
+  static StreamRequest SampleRequest(uint64_t request_id, int sample) {
+    StreamRequest r;
+    r.mutable_sample()->set_request_id(request_id);
+    r.mutable_sample()->set_sample_id(sample);
+    for (int32_t id : Ids(sample)) r.mutable_sample()->add_token_ids(id);
+    return r;
+  }
   void Open(v1::Transport transport = v1::TRANSPORT_INLINE, const ShmRing* ring = nullptr,
             const std::string& nccl_id = "") {
     StreamRequest r;
@@ -282,14 +297,18 @@ class StreamSessionTest : public ::testing::Test {
       return errors >= n || finished.has_value();
     });
   }
-  // The payload's aux_hidden equals the fake runtime's capture of `ids`.
-  void ExpectAuxOf(const Decoded& d, uint64_t request_id, const std::vector<int32_t>& ids) {
+  // The payload's aux_hidden equals the fake runtime's capture of `ids`
+  // (of `layers`; empty: the described ones).
+  void ExpectAuxOf(const Decoded& d, uint64_t request_id, const std::vector<int32_t>& ids,
+                   const std::vector<int>& layers = {}) {
     const auto& header = d.headers.at(request_id);
     const std::string& payload = d.payloads.at(request_id);
     ASSERT_TRUE(VerifyPayload(header.contract(), payload).ok());
     for (const v1::TensorSpec& spec : header.contract().tensors()) {
       if (spec.name() != "aux_hidden") continue;
-      torch::Tensor expected = runtime_.ExpectedAux(ids);
+      torch::Tensor expected = runtime_.ExpectedAux(ids, layers);
+      EXPECT_EQ(std::vector<int64_t>(spec.shape().begin(), spec.shape().end()),
+                expected.sizes().vec());
       ASSERT_EQ(spec.nbytes(), expected.nbytes());
       EXPECT_EQ(0, std::memcmp(payload.data() + spec.offset(), expected.data_ptr(), spec.nbytes()));
       return;
@@ -730,6 +749,88 @@ TEST_F(StreamSessionTest, NcclIsRefusedWhereTheTeacherHasNone) {
   Open(v1::TRANSPORT_NCCL, nullptr, std::string(kPayloadChannelIdBytes, 'x'));
   ASSERT_TRUE(call_->AwaitFinished());
   EXPECT_NE(call_->finished()->message().find("TRANSPORT_NCCL"), std::string::npos);
+}
+
+// Two streams naming their own capture layers ({3} and {0, 2}) while the
+// runtime is held: their queued samples share one forward, which captures
+// the union {0, 2, 3} once; each payload holds its stream's layers only, in
+// its order, with a contract of that width.
+TEST_F(StreamSessionTest, EachStreamGetsItsOwnCaptureLayersFromOneForward) {
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  Send(OpenRequest({3}));
+  RecordingCall call2;
+  auto session2 = std::make_shared<StreamSession>(config_, &call2, "test-peer-2");
+  call2.Attach(session2.get());
+  ASSERT_TRUE(session2->Begin(absl::OkStatus()));
+  session2->OnRequest(OpenRequest({0, 2}));
+  Credit(4);
+  StreamRequest credit;
+  credit.mutable_credit()->set_n(4);
+  session2->OnRequest(credit);
+
+  runtime_.Hold();
+  Request(1, 1);  // taken into a forward, which waits
+  auto queued = [&](int64_t n) {
+    const absl::Time deadline = absl::Now() + kDeadline;
+    while (batcher_->queued_jobs() != n && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return batcher_->queued_jobs() == n;
+  };
+  ASSERT_TRUE(queued(0));
+  Request(2, 2);
+  session2->OnRequest(SampleRequest(1, 3));
+  session2->OnRequest(SampleRequest(2, 4));
+  ASSERT_TRUE(queued(3));
+  runtime_.Release();
+  ASSERT_TRUE(AwaitHeaders(2));
+  ASSERT_TRUE(call2.Await([](const auto& w, const auto&) {
+    const Decoded d = Decode(w);
+    return d.payloads.size() == 2 &&
+           d.payloads.at(2).size() == d.headers.at(2).contract().payload_bytes();
+  }));
+  ASSERT_TRUE(call_->Await([](const auto& w, const auto&) {
+    const Decoded d = Decode(w);
+    return d.payloads.size() == 2 &&
+           d.payloads.at(2).size() == d.headers.at(2).contract().payload_bytes();
+  }));
+  EXPECT_EQ(runtime_.batch_sizes(), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(runtime_.capture_requests(), (std::vector<std::vector<int>>{{3}, {0, 2, 3}}));
+  const Decoded one = Decode(call_->written());
+  const Decoded two = Decode(call2.written());
+  EXPECT_EQ(one.protocol_error, "");
+  EXPECT_EQ(two.protocol_error, "");
+  ExpectAuxOf(one, 1, Ids(1), {3});
+  ExpectAuxOf(one, 2, Ids(2), {3});
+  ExpectAuxOf(two, 1, Ids(3), {0, 2});
+  ExpectAuxOf(two, 2, Ids(4), {0, 2});
+
+  session2->OnCancel();
+  call2.AwaitFinished();
+  int64_t sent = 0;
+  EXPECT_EQ(session2->OnDone(&sent).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(sent, 2);
+  call2.Stop();
+}
+
+// Capture layer ids the model does not have, or out of order, end the
+// stream at Open with INVALID_ARGUMENT naming the field; nothing is written.
+TEST_F(StreamSessionTest, BadCaptureLayerIdsEndTheStreamAtOpen) {
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  Send(OpenRequest({2, 1}));
+  ASSERT_TRUE(call_->AwaitFinished());
+  const absl::Status status = *call_->finished();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("open.capture_layer_ids[1]: 1 follows 2"), std::string::npos)
+      << status;
+  EXPECT_TRUE(call_->written().empty());
+  Configure();
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  Send(OpenRequest({0, 4}));  // the fake target has 4 layers
+  ASSERT_TRUE(call_->AwaitFinished());
+  EXPECT_NE(call_->finished()->message().find("open.capture_layer_ids[1]: 4 is outside [0, 4)"),
+            std::string::npos)
+      << *call_->finished();
 }
 
 }  // namespace
