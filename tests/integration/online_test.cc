@@ -248,6 +248,59 @@ TEST_F(OnlineTest, ContextParallelRanksReceiveTheirSlices) {
   EXPECT_TRUE(torch::equal(tail->input_ids, whole->input_ids.narrow(0, 8, length - 8)));
 }
 
+// P14 item 2 over gRPC: a source naming its capture layers sends them in
+// Open (inline and shared-memory streams alike) and gets, per sample, what a
+// runtime capturing exactly those layers computes, bit for bit; model()
+// reports them. A set the target cannot have is refused before any stream.
+TEST_F(OnlineTest, SourceGetsTheCaptureLayersItAsksFor) {
+  Teacher teacher = StartTeacher();
+  ASSERT_NE(teacher.server, nullptr);
+  teacher::HfRuntimeOptions runtime_options;
+  runtime_options.model_dir = dir_->Join("target");
+  runtime_options.dtype = "float32";
+  runtime_options.capture_layer_ids = {2, 5};
+  auto reference = teacher::HfRuntime::Create(runtime_options);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (const std::string transport : {"inline", "shm"}) {
+    OnlineSourceOptions options;
+    options.data = dir_->Join("data.jsonl");
+    options.teachers = {teacher.server->address()};
+    options.connector = std::make_shared<services::GrpcTeacherConnector>();
+    options.stream.transport = transport;
+    options.capture_layer_ids = {2, 5};
+    auto source = OnlineSource::Open(options);
+    ASSERT_TRUE(source.ok()) << source.status();
+    EXPECT_EQ((*source)->model().capture_layer_ids, (std::vector<int>{2, 5}));
+    for (int64_t i : {0, 3, 7}) {
+      auto sample = (*source)->Get(i);
+      ASSERT_TRUE(sample.ok()) << sample.status();
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> mask;
+      ASSERT_TRUE((*source)->TokenIds(i, &ids, &mask).ok());
+      teacher::ForwardRequest request;
+      request.sequences = {ids};
+      auto expected = (*reference)->Forward(request);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      EXPECT_EQ(sample->aux_hidden.sizes().vec(),
+                (std::vector<int64_t>{static_cast<int64_t>(ids.size()), 2 * 32}));
+      EXPECT_TRUE(torch::equal(sample->aux_hidden, (*expected)[0].aux_hidden))
+          << transport << " sample " << i;
+      EXPECT_TRUE(torch::equal(sample->last_hidden, (*expected)[0].last_hidden))
+          << transport << " sample " << i;
+    }
+  }
+  OnlineSourceOptions options;
+  options.data = dir_->Join("data.jsonl");
+  options.teachers = {teacher.server->address()};
+  options.connector = std::make_shared<services::GrpcTeacherConnector>();
+  options.capture_layer_ids = {5, 2};
+  auto refused = OnlineSource::Open(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("capture_layer_ids[1]: 2 follows 5"), std::string::npos)
+      << refused.status();
+}
+
 // A payload corrupted on the wire fails its checksum (DATA_LOSS), is fetched
 // again, and training is unaffected.
 TEST_F(OnlineTest, CorruptedPayloadIsDetectedAndRefetched) {

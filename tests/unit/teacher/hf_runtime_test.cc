@@ -189,6 +189,61 @@ TEST(HfRuntimeTest, TensorParallelTwoMatchesOne) {
   }
 }
 
+// ForwardRequest::capture_layer_ids (what the compute batcher asks for a
+// batch of streams with their own layers) overrides the described set for
+// that forward only, in its order, on one rank, under TP (the followers keep
+// the described set: their captures are dropped) and on sglang.
+TEST(HfRuntimeTest, RequestedCaptureLayersOverrideTheDescribedOnes) {
+  specstream::testing::TempDir dir;
+  TinyModelOptions model;
+  model.layers = 8;
+  model.shards = 2;
+  WriteTinyModel(dir.path(), model);
+  auto runtime = Load(dir.path());
+  ASSERT_NE(runtime, nullptr);
+  std::vector<int32_t> ids = Tokens(11, model.vocab, 8);
+  auto hidden = runtime->HiddenStates(ids);
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  ForwardRequest request;
+  request.sequences = {ids, Tokens(5, model.vocab, 9)};
+  request.capture_layer_ids = {7, 0, 5};
+  auto out = runtime->Forward(request);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const int64_t H = model.hidden;
+  const torch::Tensor& aux = (*out)[0].aux_hidden;
+  EXPECT_EQ(aux.sizes(), (std::vector<int64_t>{11, 3 * H}));
+  ExpectClose(aux.narrow(1, 0, H), (*hidden)[8], 1e-6);
+  ExpectClose(aux.narrow(1, H, H), (*hidden)[1], 1e-6);
+  ExpectClose(aux.narrow(1, 2 * H, H), (*hidden)[6], 1e-6);
+  EXPECT_EQ(runtime->Describe().capture_layer_ids, (std::vector<int>{1, 3, 4}));
+  ForwardRequest plain;
+  plain.sequences = {ids};
+  auto described = runtime->Forward(plain);
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ((*described)[0].aux_hidden.size(1), 3 * H);
+  ExpectClose((*described)[0].aux_hidden.narrow(1, 0, H), (*hidden)[2], 1e-6);
+
+  HfRuntimeOptions options;
+  options.model_dir = dir.path();
+  options.dtype = "float32";
+  for (const char* name : {"hf", "sglang"}) {
+    auto got = specstream::testing::ForwardOnRankThreads(name, options, 2, request);
+    ASSERT_TRUE(got.ok()) << name << ": " << got.status();
+    for (size_t s = 0; s < 2; ++s) {
+      ExpectClose((*got)[s].aux_hidden, (*out)[s].aux_hidden);
+      ExpectClose((*got)[s].last_hidden, (*out)[s].last_hidden);
+    }
+  }
+
+  ForwardRequest bad = plain;
+  bad.capture_layer_ids = {2, 8};
+  auto refused = runtime->Forward(bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("capture layer id 8 is outside [0, 8)"),
+            std::string::npos)
+      << refused.status();
+}
+
 TEST(HfRuntimeTest, BadRequestsAreRefusedAndRuntimeKeepsWorking) {
   specstream::testing::TempDir dir;
   TinyModelOptions model;
