@@ -170,6 +170,14 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSampleSource(const TrainerConf
   online.stream.device = c.device;
   online.stream.token = c.job_token;
   online.stream.nccl_channel_for_testing = c.nccl_channel_for_testing;
+  if (c.draft_type != "eagle3") {
+    // A block draft asks each teacher for exactly the layers it reads.
+    ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
+    ASSIGN_OR_RETURN(std::vector<int64_t> layers,
+                     BlockTargetLayerIds(c.block.target_layer_ids, c.block.num_layers,
+                                         target.num_hidden_layers));
+    online.capture_layer_ids.assign(layers.begin(), layers.end());
+  }
   if (!c.ledger_dir.empty()) {
     std::error_code error;
     std::filesystem::create_directories(c.ledger_dir, error);

@@ -64,6 +64,17 @@ class OnlineTest : public ::testing::Test {
     dump.progress_terminal = 0;
     auto summary = teacher::RunDump(*runtime, dump);
     ASSERT_TRUE(summary.ok()) << summary.status();
+    // The layers two-layer block drafts read by default ([1, 5] of 8).
+    teacher::HfRuntimeOptions block_options;
+    block_options.model_dir = dir_->Join("target");
+    block_options.dtype = "float32";
+    block_options.capture_layer_ids = {1, 5};
+    auto block_runtime = teacher::HfRuntime::Create(block_options);
+    ASSERT_TRUE(block_runtime.ok()) << block_runtime.status();
+    dump.out = dir_->Join("store-1-5");
+    dump.keep_target_ids = false;
+    summary = teacher::RunDump(**block_runtime, dump);
+    ASSERT_TRUE(summary.ok()) << summary.status();
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -138,9 +149,10 @@ class OnlineTest : public ::testing::Test {
       EXPECT_EQ(a.history()[i].loss, b.history()[i].loss) << "step " << i + 1;
       EXPECT_EQ(a.history()[i].acc_k, b.history()[i].acc_k) << "step " << i + 1;
     }
-    for (size_t i = 0; i < a.draft().parameters().size(); ++i) {
-      EXPECT_TRUE(torch::equal(a.draft().parameters()[i].second, b.draft().parameters()[i].second))
-          << a.draft().parameters()[i].first;
+    ASSERT_EQ(a.parameters().size(), b.parameters().size());
+    for (size_t i = 0; i < a.parameters().size(); ++i) {
+      EXPECT_TRUE(torch::equal(a.parameters()[i].second, b.parameters()[i].second))
+          << a.parameters()[i].first;
     }
   }
 
@@ -197,6 +209,41 @@ TEST_F(OnlineTest, OnlineAndOfflineTrainTheSameBitwise) {
     }
     std::cout << transport << ": online == offline over 12 steps; final loss "
               << (*online)->history().back().loss << "\n";
+  }
+}
+
+// Block drafts online ask the teacher (which captures EAGLE-3's layers by
+// default) for the layers they read, per stream, and train exactly as from
+// a store dumped with those layers: loss, per-slot acc and weights, bit for
+// bit.
+TEST_F(OnlineTest, BlockDraftsOnlineAndOfflineTrainTheSameBitwise) {
+  for (const char* type : {"dflash", "dspark"}) {
+    auto block = [&](TrainerConfig c) {
+      c.draft_type = type;
+      c.block.num_layers = 2;
+      c.block.block_size = 4;
+      c.block.num_anchors = 6;
+      c.block.markov_rank = 8;
+      c.mask_token_id = 255;
+      return c;
+    };
+    TrainerConfig offline_config = block(Offline());
+    offline_config.store = dir_->Join("store-1-5");
+    auto offline = Trainer::Create(offline_config, 0, 1, {});
+    ASSERT_TRUE(offline.ok()) << offline.status();
+    ASSERT_TRUE((*offline)->RunSteps(12).ok());
+    Teacher teacher = StartTeacher();
+    ASSERT_NE(teacher.server, nullptr);
+    auto online = Trainer::Create(block(Online({teacher.server->address()}, "shm")), 0, 1, {});
+    ASSERT_TRUE(online.ok()) << online.status();
+    EXPECT_EQ((*online)->source().model().capture_layer_ids, (std::vector<int>{1, 5}));
+    ASSERT_TRUE((*online)->RunSteps(12).ok());
+    ExpectSameTraining(**online, **offline);
+    ASSERT_TRUE((*online)->history().back().tau.has_value());
+    EXPECT_EQ(*(*online)->history().back().tau, *(*offline)->history().back().tau);
+    std::cout << type << ": online == offline over 12 steps; final loss "
+              << (*online)->history().back().loss << ", tau " << *(*online)->history().back().tau
+              << "\n";
   }
 }
 
