@@ -294,6 +294,41 @@ TEST_F(CoordinatorTest, JobEndToEndThroughTheCli) {
   }
 }
 
+// A DSpark draft as a coordinator job: the spec is validated at submit, two
+// student daemons train it online from the registered teacher (which
+// captures the draft's layers per stream), and the export is SGLang's.
+TEST_F(CoordinatorTest, BlockDraftJobThroughTheCli) {
+  StartCoordinator();
+  StartTeacher();
+  StartStudent("s0");
+  StartStudent("s1");
+  std::string job = OnlineJob("dspark", 2, 4, 2);
+  auto replace = [&](const std::string& from, const std::string& to) {
+    job.replace(job.find(from), from.size(), to);
+  };
+  replace("    draft_vocab_size: 64\n",
+          "    type: dspark\n    block_size: 4\n    num_anchors: 4\n    mask_token_id: 255\n"
+          "    markov_rank: 8\n");
+  replace("  ttt_steps: 3\n", "");
+  testing::WriteFile(dir_.Join("dspark.yaml"), job);
+  // A block-draft field on an EAGLE-3 job is refused at submit, naming it.
+  std::string bad = OnlineJob("bad", 2, 4, 2);
+  bad.replace(bad.find("    draft_vocab_size: 64\n"), 0, "    block_size: 4\n");
+  testing::WriteFile(dir_.Join("bad.yaml"), bad);
+  EXPECT_NE(Cli("submit " + dir_.Join("bad.yaml")), 0);
+  EXPECT_NE(CliErr().find("model.draft.block_size"), std::string::npos) << CliErr();
+
+  ASSERT_EQ(Cli("submit " + dir_.Join("dspark.yaml") + " --id dspark-1 --follow"), 0)
+      << CliOut() << CliErr() << Log("coordinator") << Log("s0") << Log("s1");
+  EXPECT_NE(CliOut().find("step 4/4"), std::string::npos) << CliOut();
+  EXPECT_NE(CliOut().find("dspark draft"), std::string::npos) << CliOut();
+  nlohmann::json status = Status("dspark-1");
+  EXPECT_EQ(status["state"], "JOB_STATE_SUCCEEDED") << status.dump();
+  const auto config =
+      nlohmann::json::parse(testing::ReadFile(dir_.Join("export-dspark/config.json")));
+  EXPECT_EQ(config["architectures"][0], "Qwen3DSparkModel");
+}
+
 // Auth, bad input and every exit code of the job commands.
 TEST_F(CoordinatorTest, AuthErrorsAndExitCodes) {
   StartCoordinator();
