@@ -231,21 +231,9 @@ absl::StatusOr<std::unique_ptr<BlockDraft>> BlockDraft::Create(const DraftShape&
   draft->shape_ = s;
   draft->options_ = o;
   const int64_t H = s.hidden_size, V = s.target_vocab_size;
-  ASSIGN_OR_RETURN(auto checkpoint, CheckpointTensors::Open(target_dir));
-  ASSIGN_OR_RETURN(TensorView embed_view, checkpoint->Get("model.embed_tokens.weight"));
-  if (embed_view.shape != std::vector<int64_t>{V, H}) {
-    return absl::InvalidArgumentError(
-        "target model.embed_tokens.weight does not match [vocab, hidden]");
-  }
-  ASSIGN_OR_RETURN(draft->embed_, TensorFromView(embed_view, torch::kFloat32, device));
-  draft->lm_head_ = draft->embed_;
-  if (checkpoint->Contains("lm_head.weight")) {
-    ASSIGN_OR_RETURN(TensorView head_view, checkpoint->Get("lm_head.weight"));
-    if (head_view.shape != std::vector<int64_t>{V, H}) {
-      return absl::InvalidArgumentError("target lm_head.weight does not match [vocab, hidden]");
-    }
-    ASSIGN_OR_RETURN(draft->lm_head_, TensorFromView(head_view, torch::kFloat32, device));
-  }
+  ASSIGN_OR_RETURN(auto frozen, LoadTargetEmbeddings(target_dir, V, H, device));
+  draft->embed_ = frozen.first;
+  draft->lm_head_ = frozen.second;
 
   // HF-style init on the host: linears N(0, 0.02), norms 1. The Markov
   // head's output starts at zero, so training starts from the target's

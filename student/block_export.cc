@@ -34,14 +34,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::StatusOr<torch::Dtype> WeightDtype(const std::string& name) {
-  if (name == "bfloat16") return torch::kBFloat16;
-  if (name == "float16") return torch::kFloat16;
-  if (name == "float32") return torch::kFloat32;
-  return ConfigError("torch_dtype", absl::StrCat("unknown dtype \"", name,
-                                                 "\" (known: bfloat16, float16, float32)"));
-}
-
 const char* Architecture(BlockDraftKind kind) {
   return kind == BlockDraftKind::kDFlash ? kDFlashArchitecture : kDSparkArchitecture;
 }
@@ -79,7 +71,7 @@ absl::Status ValidateConfig(const BlockExport& in) {
   const DraftShape& s = in.shape;
   const BlockDraftOptions& o = in.options;
   const bool dspark = o.kind == BlockDraftKind::kDSpark;
-  RETURN_IF_ERROR(WeightDtype(in.torch_dtype).status());
+  RETURN_IF_ERROR(ExportWeightDtype(in.torch_dtype).status());
   absl::Status qwen3 = ValidateHfConfig(DraftHfConfig(in));
   if (!qwen3.ok()) return absl::InvalidArgumentError(absl::StrCat("config: ", qwen3.message()));
   if (s.target_hidden_size != s.hidden_size) {
@@ -260,7 +252,7 @@ absl::StatusOr<nlohmann::json> BlockExportConfigJson(const BlockExport& in) {
 
 absl::Status WriteBlockExport(const BlockExport& in, const std::string& out_dir) {
   RETURN_IF_ERROR(ValidateBlockExport(in));
-  ASSIGN_OR_RETURN(torch::Dtype dtype, WeightDtype(in.torch_dtype));
+  ASSIGN_OR_RETURN(torch::Dtype dtype, ExportWeightDtype(in.torch_dtype));
   ASSIGN_OR_RETURN(nlohmann::json config, BlockExportConfigJson(in));
   // The whole file in memory first: a conversion error leaves no trace.
   SafetensorsWriter writer;

@@ -20,6 +20,27 @@ constexpr double kInitStd = 0.02;
 
 }  // namespace
 
+absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> LoadTargetEmbeddings(
+    const std::string& target_dir, int64_t vocab, int64_t hidden, torch::Device device) {
+  ASSIGN_OR_RETURN(auto checkpoint, CheckpointTensors::Open(target_dir));
+  ASSIGN_OR_RETURN(TensorView embed_view, checkpoint->Get("model.embed_tokens.weight"));
+  if (embed_view.shape != std::vector<int64_t>{vocab, hidden}) {
+    return absl::InvalidArgumentError(
+        "target model.embed_tokens.weight does not match [vocab, hidden]");
+  }
+  torch::Tensor embed, head;
+  ASSIGN_OR_RETURN(embed, TensorFromView(embed_view, torch::kFloat32, device));
+  head = embed;
+  if (checkpoint->Contains("lm_head.weight")) {
+    ASSIGN_OR_RETURN(TensorView head_view, checkpoint->Get("lm_head.weight"));
+    if (head_view.shape != std::vector<int64_t>{vocab, hidden}) {
+      return absl::InvalidArgumentError("target lm_head.weight does not match [vocab, hidden]");
+    }
+    ASSIGN_OR_RETURN(head, TensorFromView(head_view, torch::kFloat32, device));
+  }
+  return std::make_pair(embed, head);
+}
+
 torch::Tensor& Eagle3Draft::Add(const std::string& name, torch::Tensor value) {
   index_[name] = params_.size();
   params_.emplace_back(name, value.to(torch::kFloat32).contiguous().set_requires_grad(true));
@@ -66,21 +87,9 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(
   draft->vocab_map_ = vocab_map;
   const int64_t H = s.hidden_size, Ht = s.target_hidden_size, V = s.target_vocab_size;
 
-  ASSIGN_OR_RETURN(auto checkpoint, CheckpointTensors::Open(target_dir));
-  ASSIGN_OR_RETURN(TensorView embed_view, checkpoint->Get("model.embed_tokens.weight"));
-  if (embed_view.shape != std::vector<int64_t>{V, Ht}) {
-    return absl::InvalidArgumentError(
-        "target model.embed_tokens.weight does not match [vocab, hidden]");
-  }
-  ASSIGN_OR_RETURN(draft->embed_, TensorFromView(embed_view, torch::kFloat32, device));
-  torch::Tensor lm_head = draft->embed_;
-  if (checkpoint->Contains("lm_head.weight")) {
-    ASSIGN_OR_RETURN(TensorView head_view, checkpoint->Get("lm_head.weight"));
-    if (head_view.shape != std::vector<int64_t>{V, Ht}) {
-      return absl::InvalidArgumentError("target lm_head.weight does not match [vocab, hidden]");
-    }
-    ASSIGN_OR_RETURN(lm_head, TensorFromView(head_view, torch::kFloat32, device));
-  }
+  ASSIGN_OR_RETURN(auto frozen, LoadTargetEmbeddings(target_dir, V, Ht, device));
+  draft->embed_ = frozen.first;
+  const torch::Tensor lm_head = frozen.second;
   torch::Tensor used = torch::tensor(vocab_map.used, torch::kInt64).to(device);
   draft->teacher_head_ = lm_head.index_select(0, used).contiguous();
   if (need_full_lm_head) draft->full_lm_head_ = lm_head;

@@ -86,6 +86,12 @@ struct TttOutputs {
   torch::Tensor valid;          // int64 [K]: valid positions on this rank
 };
 
+// The target checkpoint's frozen embed_tokens and lm_head, each [vocab,
+// hidden] float32 on `device` (the head is embed_tokens when the target ties
+// them). InvalidArgument when a tensor is missing or of another shape.
+absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> LoadTargetEmbeddings(
+    const std::string& target_dir, int64_t vocab, int64_t hidden, torch::Device device);
+
 class Eagle3Draft final {
  public:
   // Random init (seeded, on the host, so every device starts from the same

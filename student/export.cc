@@ -74,14 +74,6 @@ absl::Status TensorError(absl::string_view name, absl::string_view reason) {
   return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", reason));
 }
 
-absl::StatusOr<torch::Dtype> WeightDtype(const std::string& name) {
-  if (name == "bfloat16") return torch::kBFloat16;
-  if (name == "float16") return torch::kFloat16;
-  if (name == "float32") return torch::kFloat32;
-  return ConfigError("torch_dtype", absl::StrCat("unknown dtype \"", name,
-                                                 "\" (known: bfloat16, float16, float32)"));
-}
-
 absl::Status ValidateConfig(const ExportConfig& c) {
   auto positive = [](int64_t v, absl::string_view field) -> absl::Status {
     if (v <= 0) return ConfigError(field, absl::StrCat("must be > 0, got ", v));
@@ -126,7 +118,7 @@ absl::Status ValidateConfig(const ExportConfig& c) {
   const absl::Status capture =
       ValidateEagle3CaptureLayers(c.aux_layer_ids, c.target_num_hidden_layers);
   if (!capture.ok()) return ConfigError("eagle_aux_hidden_state_layer_ids", capture.message());
-  return WeightDtype(c.torch_dtype).status();
+  return ExportWeightDtype(c.torch_dtype).status();
 }
 
 // Converts one validated input tensor to its exported CPU form.
@@ -239,6 +231,14 @@ absl::Status CheckReplaceable(const std::string& dir) {
 }
 
 }  // namespace
+
+absl::StatusOr<torch::Dtype> ExportWeightDtype(const std::string& name) {
+  if (name == "bfloat16") return torch::kBFloat16;
+  if (name == "float16") return torch::kFloat16;
+  if (name == "float32") return torch::kFloat32;
+  return ConfigError("torch_dtype", absl::StrCat("unknown dtype \"", name,
+                                                 "\" (known: bfloat16, float16, float32)"));
+}
 
 absl::StatusOr<ExportConfig> ExportConfigFromTarget(const HfModelConfig& target) {
   ExportConfig c;
@@ -389,7 +389,7 @@ absl::Status WriteDraftDirectory(const std::string& out_dir_arg, const std::stri
 
 absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir) {
   RETURN_IF_ERROR(ValidateExport(in));
-  ASSIGN_OR_RETURN(torch::Dtype weight_dtype, WeightDtype(in.config.torch_dtype));
+  ASSIGN_OR_RETURN(torch::Dtype weight_dtype, ExportWeightDtype(in.config.torch_dtype));
 
   // Build the whole file in memory first: conversion errors leave no trace.
   SafetensorsWriter writer;

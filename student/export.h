@@ -103,6 +103,11 @@ struct ExportInput {
 // sets draft_vocab_size and overrides what the job changed.
 absl::StatusOr<ExportConfig> ExportConfigFromTarget(const HfModelConfig& target);
 
+// The dtype of an export's float weights from its torch_dtype name
+// ("bfloat16", "float16", "float32"); InvalidArgument naming
+// config.torch_dtype otherwise.
+absl::StatusOr<torch::Dtype> ExportWeightDtype(const std::string& torch_dtype);
+
 // Checks an export without writing: config consistency, the exact tensor set,
 // shapes and dtype kinds, finite weights, d2t/t2d agreement. InvalidArgument
 // naming the field ("config.draft_vocab_size: ...") or the tensor

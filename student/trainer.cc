@@ -39,6 +39,30 @@ absl::StatusOr<VocabMap> BuildMapFromSource(SampleSource& source, int64_t target
   return BuildVocabMap(counter, draft_vocab);
 }
 
+// A draft over `target` reading `captures` layers: the config's sizes where
+// set, else the target's; the draft vocab is the target's (EAGLE-3 sets its
+// own).
+DraftShape DraftShapeFor(const TrainerConfig& c, const HfModelConfig& target, int64_t captures) {
+  DraftShape shape;
+  shape.hidden_size = target.hidden_size;
+  shape.target_hidden_size = target.hidden_size;
+  shape.num_captures = captures;
+  shape.intermediate_size =
+      c.intermediate_size > 0 ? c.intermediate_size : target.intermediate_size;
+  shape.num_attention_heads =
+      c.num_attention_heads > 0 ? c.num_attention_heads : target.num_attention_heads;
+  shape.num_key_value_heads =
+      c.num_key_value_heads > 0 ? c.num_key_value_heads : target.num_key_value_heads;
+  shape.head_dim = c.head_dim > 0 ? c.head_dim : target.head_dim;
+  shape.draft_vocab_size = target.vocab_size;
+  shape.target_vocab_size = target.vocab_size;
+  shape.rms_norm_eps = target.rms_norm_eps;
+  shape.rope_theta = target.rope_theta;
+  shape.rope_scaling = target.rope_scaling;
+  shape.max_position_embeddings = target.max_position_embeddings;
+  return shape;
+}
+
 }  // namespace
 
 absl::StatusOr<torch::Device> ResolveTrainingDevice(const std::string& setting, int local_rank) {
@@ -294,23 +318,8 @@ absl::Status Trainer::Init() {
     ASSIGN_OR_RETURN(map, BuildMapFromSource(*source_, target.vocab_size, c.draft_vocab_size));
   }
 
-  DraftShape shape;
-  shape.hidden_size = target.hidden_size;
-  shape.target_hidden_size = target.hidden_size;
-  shape.num_captures = static_cast<int64_t>(capture_.size());
-  shape.intermediate_size =
-      c.intermediate_size > 0 ? c.intermediate_size : target.intermediate_size;
-  shape.num_attention_heads =
-      c.num_attention_heads > 0 ? c.num_attention_heads : target.num_attention_heads;
-  shape.num_key_value_heads =
-      c.num_key_value_heads > 0 ? c.num_key_value_heads : target.num_key_value_heads;
-  shape.head_dim = c.head_dim > 0 ? c.head_dim : target.head_dim;
+  DraftShape shape = DraftShapeFor(c, target, static_cast<int64_t>(capture_.size()));
   shape.draft_vocab_size = map.draft_vocab();
-  shape.target_vocab_size = target.vocab_size;
-  shape.rms_norm_eps = target.rms_norm_eps;
-  shape.rope_theta = target.rope_theta;
-  shape.rope_scaling = target.rope_scaling;
-  shape.max_position_embeddings = target.max_position_embeddings;
   RETURN_IF_ERROR(ValidateCpLayout(layout_, shape.num_attention_heads, shape.num_key_value_heads));
   RETURN_IF_ERROR(ConnectDeviceGroup());
   ASSIGN_OR_RETURN(cp_groups_, CreateCpGroups(layout_, store_, c.local_address,
@@ -348,23 +357,8 @@ absl::Status Trainer::InitBlockDraft(const HfModelConfig& target) {
         "cp_size 1");
   }
   ASSIGN_OR_RETURN(BlockDraftOptions options, ResolveBlockOptions(target));
-  DraftShape shape;
-  shape.hidden_size = target.hidden_size;
-  shape.target_hidden_size = target.hidden_size;
-  shape.num_captures = static_cast<int64_t>(options.target_layer_ids.size());
-  shape.intermediate_size =
-      c.intermediate_size > 0 ? c.intermediate_size : target.intermediate_size;
-  shape.num_attention_heads =
-      c.num_attention_heads > 0 ? c.num_attention_heads : target.num_attention_heads;
-  shape.num_key_value_heads =
-      c.num_key_value_heads > 0 ? c.num_key_value_heads : target.num_key_value_heads;
-  shape.head_dim = c.head_dim > 0 ? c.head_dim : target.head_dim;
-  shape.draft_vocab_size = target.vocab_size;
-  shape.target_vocab_size = target.vocab_size;
-  shape.rms_norm_eps = target.rms_norm_eps;
-  shape.rope_theta = target.rope_theta;
-  shape.rope_scaling = target.rope_scaling;
-  shape.max_position_embeddings = target.max_position_embeddings;
+  const DraftShape shape =
+      DraftShapeFor(c, target, static_cast<int64_t>(options.target_layer_ids.size()));
   RETURN_IF_ERROR(ConnectDeviceGroup());
   ASSIGN_OR_RETURN(block_draft_,
                    BlockDraft::Create(shape, options, c.target_dir, c.seed, device_));
