@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "student/block_attention.h"
+#include "student/context_parallel.h"
 
 namespace specstream::student {
 namespace {
@@ -166,6 +167,20 @@ BlockAnchors SampleBlockAnchors(const DraftBatch& batch, const std::vector<int64
   return out;
 }
 
+BlockAnchors DealBlocks(const BlockAnchors& all, int64_t size, int64_t rank) {
+  const int64_t b = all.anchors.size(0), n = all.anchors.size(1);
+  const int64_t width = std::max<int64_t>(1, (n + size - 1) / size);
+  BlockAnchors out;
+  out.anchors = torch::zeros({b, width}, torch::kInt64);
+  out.keep = torch::zeros({b, width}, torch::kBool);
+  if (n > rank) {
+    const torch::Tensor mine = torch::arange(rank, n, size, torch::kInt64);
+    out.anchors.narrow(1, 0, mine.size(0)).copy_(all.anchors.index_select(1, mine));
+    out.keep.narrow(1, 0, mine.size(0)).copy_(all.keep.index_select(1, mine));
+  }
+  return out;
+}
+
 torch::Tensor& BlockDraft::Add(const std::string& name, torch::Tensor value) {
   index_[name] = params_.size();
   params_.emplace_back(name, value.to(torch::kFloat32).contiguous());
@@ -318,15 +333,18 @@ torch::Tensor BlockDraft::WeightSum(const DraftBatch& batch, const BlockAnchors&
 absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
                                                  const BlockAnchors& anchors,
                                                  const torch::Tensor& global_weight_sum,
-                                                 torch::Dtype cd) {
+                                                 torch::Dtype cd, CommGroup* cp_group) {
   BlockOutputs out;
   absl::Status status = CatchTorch("block draft forward", [&] {
     const DraftShape& s = shape_;
     const BlockDraftOptions& o = options_;
     const bool dspark = o.kind == BlockDraftKind::kDSpark;
-    const int64_t b = batch.input_ids.size(0), ctx_len = batch.aux_hidden.size(1);
-    TORCH_CHECK(batch.offset == 0 && batch.input_ids.size(1) == ctx_len,
-                "block draft forward: the batch must hold whole samples (no context parallelism)");
+    const int64_t cp = cp_group != nullptr ? cp_group->getSize() : 1;
+    const int64_t b = batch.input_ids.size(0), ctx_len = batch.aux_hidden.size(1) * cp;
+    TORCH_CHECK(batch.input_ids.size(1) == ctx_len && (cp > 1 || batch.offset == 0),
+                "block draft forward: ", batch.input_ids.size(1), " token ids for ", ctx_len,
+                " context positions (", cp, " shard(s) of ", batch.aux_hidden.size(1),
+                " rows): the ids must cover the whole sequence");
     TORCH_CHECK(anchors.anchors.dim() == 2 && anchors.anchors.size(0) == b &&
                     anchors.keep.sizes() == anchors.anchors.sizes(),
                 "block draft forward: anchors ", anchors.anchors.sizes(), " do not match ", b,
@@ -359,9 +377,17 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
     BlockAttentionOptions attention;
     attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
 
-    const torch::Tensor context =
-        nn::RmsNorm(torch::linear(batch.aux_hidden.to(cd), P("fc.weight")),
-                    P("hidden_norm.weight"), eps);
+    // Projected before any exchange: H per token travels, not n·H.
+    torch::Tensor context = nn::RmsNorm(torch::linear(batch.aux_hidden.to(cd), P("fc.weight")),
+                                        P("hidden_norm.weight"), eps);
+    torch::Tensor last_hidden = batch.last_hidden;
+    if (cp_group != nullptr) {
+      context = SequenceAllGather(context.contiguous(), *cp_group);
+      if (dspark) {
+        torch::NoGradGuard no_grad;
+        last_hidden = SequenceAllGather(last_hidden.contiguous(), *cp_group);
+      }
+    }
     for (int64_t i = 0; i < o.num_layers; ++i) {
       const std::string p = absl::StrCat("layers.", i, ".");
       const torch::Tensor q_w = P(p + "self_attn.q_proj.weight");
@@ -457,7 +483,7 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
                                        .unsqueeze(-1)
                                        .expand({b, rows, H});
           teacher_p = torch::softmax(
-              torch::linear(batch.last_hidden.gather(1, at).to(cd), head).to(ft), -1);
+              torch::linear(last_hidden.gather(1, at).to(cd), head).to(ft), -1);
         }
         torch::Tensor l1 = (logp.exp() - teacher_p).abs().sum(-1);
         term = o.ce_weight * term + o.l1_weight * l1;

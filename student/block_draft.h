@@ -53,6 +53,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/torch/blocks.h"
+#include "common/torch/compat.h"
 #include "nlohmann/json.hpp"
 #include "student/draft_model.h"
 
@@ -120,6 +121,14 @@ struct BlockAnchors {
 BlockAnchors SampleBlockAnchors(const DraftBatch& batch, const std::vector<int64_t>& sample_keys,
                                 uint64_t seed, int64_t step, int64_t num_anchors);
 
+// Context parallelism: rank `rank` of `size`'s share of a step's blocks.
+// Block j of each row goes to rank j % size (round robin over the ascending
+// anchors, which spreads both the count and the context length evenly),
+// padded with dummies to ceil(N / size) columns (at least 1). Over the ranks
+// the kept blocks are exactly `all`'s, so the loss, the weights and the
+// metrics are those of one rank with the whole sequence.
+BlockAnchors DealBlocks(const BlockAnchors& all, int64_t size, int64_t rank);
+
 // Per-rank sums of a step, on the batch's device; the trainer all-reduces
 // them before reading them back.
 struct BlockOutputs {
@@ -163,10 +172,22 @@ class BlockDraft final {
   // The step's forward and, when grad mode is on, the heads' backward (see
   // the file comment). `global_weight_sum` is a float64 scalar on the
   // draft's device; `compute_dtype` float32, bfloat16 or float64 (tests).
-  // The batch must be whole samples (no CP) on the draft's device.
+  // The batch is on the draft's device.
+  //
+  // Without context parallelism (`cp_group` null) the batch holds whole
+  // samples. Under CP it holds this rank's shard of the hidden states,
+  // aux_hidden and last_hidden [B, Tpad, ·] from global position
+  // batch.offset (student/context_parallel.h's ShardRange), and the WHOLE
+  // token ids and loss mask [B, cp·Tpad] (they are small); the anchors
+  // may lie anywhere in the sequence (DealBlocks). The context is
+  // projected on the shard (fc, hidden_norm: n·H -> H) and all-gathered
+  // over `cp_group` (SequenceAllGather, whose backward sums each shard's
+  // gradient over the ranks); DSpark's last_hidden is all-gathered too (no
+  // gradient). Collective: every rank of the group calls Forward and
+  // backward together.
   absl::StatusOr<BlockOutputs> Forward(const DraftBatch& batch, const BlockAnchors& anchors,
                                        const torch::Tensor& global_weight_sum,
-                                       torch::Dtype compute_dtype);
+                                       torch::Dtype compute_dtype, CommGroup* cp_group = nullptr);
 
   // Labels [B, N, bs] int64 and weights [B, N, bs] float64 of these anchors
   // (on the batch's device), as the file comment defines them per type.

@@ -599,6 +599,16 @@ absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
     if (!group.ok()) return group.status();
     groups.ring = *group;
   }
+  if (layout.ulysses == 1) {
+    groups.cp = groups.ring;
+  } else if (layout.ring_size() == 1) {
+    groups.cp = groups.ulysses;
+  } else {
+    auto group = create(absl::StrCat("cp/all/", layout.dp_rank()), layout.cp_rank(),
+                        layout.cp_size);
+    if (!group.ok()) return group.status();
+    groups.cp = *group;
+  }
   return groups;
 }
 

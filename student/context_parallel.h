@@ -142,10 +142,13 @@ struct CpLayout {
 // heads (query or key/value) not divisible by the Ulysses degree.
 absl::Status ValidateCpLayout(const CpLayout& layout, int64_t q_heads, int64_t kv_heads);
 
-// The sub-groups one rank attends over; null where the degree is 1.
+// The sub-groups one rank attends over; null where the degree is 1. `cp` is
+// the whole CP group (the DP group's cp_size ranks in cp_rank order; the
+// ring or Ulysses group when that one spans it), null when cp_size is 1.
 struct CpGroups {
   c10::intrusive_ptr<CommGroup> ulysses;
   c10::intrusive_ptr<CommGroup> ring;
+  c10::intrusive_ptr<CommGroup> cp;
 };
 
 // Creates this rank's Ulysses and ring groups over prefixes of the world's

@@ -351,15 +351,14 @@ absl::StatusOr<BlockDraftOptions> Trainer::ResolveBlockOptions(const HfModelConf
 
 absl::Status Trainer::InitBlockDraft(const HfModelConfig& target) {
   const TrainerConfig& c = config_;
-  if (layout_.cp_size > 1) {
-    return absl::InvalidArgumentError(
-        "parallel.cp_size: context parallelism for dflash/dspark drafts is not built yet; use "
-        "cp_size 1");
-  }
   ASSIGN_OR_RETURN(BlockDraftOptions options, ResolveBlockOptions(target));
   const DraftShape shape =
       DraftShapeFor(c, target, static_cast<int64_t>(options.target_layer_ids.size()));
   RETURN_IF_ERROR(ConnectDeviceGroup());
+  // The CP group only gathers the context (cp_mode decides nothing here:
+  // block attention runs locally over the gathered context).
+  ASSIGN_OR_RETURN(cp_groups_, CreateCpGroups(layout_, store_, c.local_address,
+                                              std::chrono::minutes(5), device_));
   ASSIGN_OR_RETURN(block_draft_,
                    BlockDraft::Create(shape, options, c.target_dir, c.seed, device_));
   SS_LOG_INFO(
@@ -486,8 +485,11 @@ RowRange Trainer::BatchRows(const std::vector<int64_t>& indices) const {
     longest = std::max(longest, config_.max_length > 0 ? std::min(len, config_.max_length) : len);
   }
   const CpShard shard = ShardRange(longest, layout_.cp_size, layout_.cp_rank());
+  // A block draft gathers its context and teacher states over the CP group
+  // and reads the whole token ids separately (LoadBatch): no halo.
+  const int64_t halo = block_draft_ ? 0 : config_.ttt_steps;
   return RowRange{shard.begin, shard.begin + shard.padded_length,
-                  shard.begin + shard.padded_length + config_.ttt_steps};
+                  shard.begin + shard.padded_length + halo};
 }
 
 absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indices) {
@@ -504,8 +506,32 @@ absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indice
     ASSIGN_OR_RETURN(TrainingSample s, source_->GetRows(index, rows));
     samples.push_back(std::move(s));
   }
-  return CollateShard(samples, config_.max_length, rows.begin, rows.end - rows.begin,
-                      rows.halo_end - rows.end);
+  DraftBatch batch = CollateShard(samples, config_.max_length, rows.begin, rows.end - rows.begin,
+                                  rows.halo_end - rows.end);
+  if (block_draft_) {
+    // The whole token ids and loss mask of each sample (cheap: no hidden
+    // states), padded to the CP group's cp·Tpad positions.
+    const int64_t total = layout_.cp_size * (rows.end - rows.begin);
+    batch.input_ids = torch::zeros({static_cast<int64_t>(indices.size()), total}, torch::kInt64);
+    batch.loss_mask = torch::zeros({static_cast<int64_t>(indices.size()), total}, torch::kUInt8);
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> mask;
+    for (size_t row = 0; row < indices.size(); ++row) {
+      RETURN_IF_ERROR(source_->TokenIds(indices[row], &ids, &mask));
+      const int64_t len = std::min<int64_t>(batch.host_lengths[row], total);
+      if (static_cast<int64_t>(ids.size()) < len || static_cast<int64_t>(mask.size()) < len) {
+        return absl::DataLossError(absl::StrCat(source_name_, ": sample ", indices[row], " has ",
+                                                ids.size(), " token ids for length ", len));
+      }
+      auto id_row = batch.input_ids.accessor<int64_t, 2>()[row];
+      auto mask_row = batch.loss_mask.accessor<uint8_t, 2>()[row];
+      for (int64_t t = 0; t < len; ++t) {
+        id_row[t] = ids[t];
+        mask_row[t] = mask[t];
+      }
+    }
+  }
+  return batch;
 }
 
 absl::Status Trainer::TrainStep() {
@@ -554,6 +580,7 @@ absl::Status Trainer::TrainStepUnchecked() {
   BlockAnchors anchors;
   if (block_draft_) {
     anchors = SampleBlockAnchors(batch, indices, config_.seed, step_, config_.block.num_anchors);
+    if (layout_.cp_size > 1) anchors = DealBlocks(anchors, layout_.cp_size, layout_.cp_rank());
   }
   batch = ToDevice(std::move(batch), device_);
 
@@ -579,7 +606,8 @@ absl::Status Trainer::TrainStepUnchecked() {
   std::optional<TttOutputs> ttt;
   std::optional<BlockOutputs> blocks;
   if (block_draft_) {
-    ASSIGN_OR_RETURN(blocks, block_draft_->Forward(batch, anchors, global_norm, config_.dtype));
+    ASSIGN_OR_RETURN(blocks, block_draft_->Forward(batch, anchors, global_norm, config_.dtype,
+                                                   cp_groups_.cp.get()));
     RETURN_IF_ERROR(CatchTorch("backward", [&] { blocks->weighted_loss.backward(); }));
   } else {
     const DraftParallel parallel{cp_groups_.ulysses.get(), cp_groups_.ring.get()};

@@ -682,14 +682,6 @@ absl::Status ValidateJobSpec(JobSpec& spec) {
   RETURN_IF_ERROR(ValidateTraining(*spec.mutable_training(), draft));
   RETURN_IF_ERROR(ValidateCheckpoint(spec.checkpoint()));
   RETURN_IF_ERROR(ValidateParallel(*spec.mutable_parallel()));
-  // A separate issue: the block drafts' anchors and masks are not split
-  // across context-parallel ranks yet.
-  if (IsBlockDraft(draft) && spec.parallel().cp_size() > 1) {
-    return FieldError("parallel.cp_size",
-                      absl::StrCat("context parallelism for dflash/dspark drafts is not built "
-                                   "yet; use cp_size 1 (got ",
-                                   spec.parallel().cp_size(), ")"));
-  }
   if (!spec.has_max_restarts()) spec.set_max_restarts(kDefaultMaxRestarts);
   RETURN_IF_ERROR(RequireAtMost(spec.max_restarts(), kMaxRestarts, "max_restarts"));
   return absl::OkStatus();

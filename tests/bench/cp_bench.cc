@@ -13,8 +13,13 @@
 // median of three paired runs, as VmHWM varies by a few MiB), or
 // when the longest fitting length does not double from cp 1 to 2 to 4.
 //
-//   cp_bench [--ttt 3] [--longest-modes all|ring]   (ring: the longest-length
-//   table for the ring layouts only, the ones its check covers)
+// --draft dspark measures a DSpark draft instead (RunBlockTables): step
+// memory, tokens/s and the share of the step in communication at 8k tokens
+// for cp 1, 2, 4, and the longest length under the same kind of budget.
+//
+//   cp_bench [--ttt 3] [--longest-modes all|ring] [--draft eagle3|dspark]
+//   (ring: the longest-length table for the ring layouts only, the ones its
+//   check covers)
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -51,12 +57,23 @@ struct RankResult {
   double peak_mib = 0;  // VmHWM
   double step_mib = 0;  // VmHWM - RSS after set-up
   double seconds = 0;
+  double comm_seconds = 0;  // block drafts: the step's collectives, timed after it
 };
 
 // Child: one rank of a cp-rank world training one step on the sample of
 // `length` tokens; prints "peak_mib step_mib seconds".
-int RunRank(const std::string& dir, int64_t length, int cp, int ulysses, int rank, int ttt) {
+int RunRank(const std::string& dir, int64_t length, int cp, int ulysses, int rank, int ttt,
+            const std::string& draft) {
   specstream::student::TrainerConfig c;
+  if (draft == "dspark") {
+    c.draft_type = "dspark";
+    c.block.block_size = 7;
+    c.block.loss_decay_gamma = 4;
+    c.block.num_anchors = 512;
+    c.block.markov_rank = 256;
+    c.block.target_layer_ids = {0, 1, 2};
+    c.mask_token_id = kVocab - 1;
+  }
   c.store = absl::StrCat(dir, "/store-", length);
   c.target_dir = dir + "/target";
   c.draft_vocab_size = kDraftVocab;
@@ -124,7 +141,29 @@ int RunRank(const std::string& dir, int64_t length, int cp, int ulysses, int ran
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const int64_t peak_kb = specstream::bench::StatusKb("VmHWM:");
-  std::printf("%.1f %.1f %.3f\n", peak_kb / 1024.0, (peak_kb - base_kb) / 1024.0, seconds);
+  // A block draft's communication, timed on the same group right after the
+  // step: the context all-gather (forward) and its all-reduce (backward),
+  // DSpark's last_hidden all-gather, and the DDP gradient all-reduce, with
+  // the step's shapes and dtypes.
+  double comm = 0;
+  if (draft != "eagle3" && cp > 1) {
+    const int64_t tpad = (length + cp - 1) / cp;
+    const auto dtype = c.dtype;
+    torch::Tensor shard = torch::randn({1, tpad, kHidden}).to(dtype);
+    torch::Tensor full = torch::randn({1, tpad * cp, kHidden}).to(dtype);
+    int64_t params = 0;
+    for (const auto& [name, p] : (*trainer)->parameters()) params += p.numel();
+    torch::Tensor grads = torch::zeros({params});
+    const auto comm_start = Clock::now();
+    for (int i = 0; i < 2; ++i) {
+      (void)specstream::student::SequenceAllGather(shard, *group);
+    }
+    (void)specstream::AllReduceSum(*group, full);
+    (void)specstream::AllReduceSum(*group, grads);
+    comm = std::chrono::duration<double>(Clock::now() - comm_start).count();
+  }
+  std::printf("%.1f %.1f %.3f %.3f\n", peak_kb / 1024.0, (peak_kb - base_kb) / 1024.0, seconds,
+              comm);
   return 0;
 }
 
@@ -137,13 +176,14 @@ bool WriteStore(const std::string& path, int64_t length) {
 // Runs the cp ranks of one configuration as child processes; the result of
 // each rank, or an empty vector on failure.
 std::vector<RankResult> RunWorld(const std::string& dir, int64_t length, int cp, int ulysses,
-                                 int ttt) {
+                                 int ttt, const std::string& draft) {
   std::filesystem::remove(absl::StrCat(dir, "/port-", length, "-", cp, "-", ulysses));
   std::vector<FILE*> pipes;
   for (int rank = 0; rank < cp; ++rank) {
     const std::string command =
         absl::StrCat(specstream::bench::SelfExe(), " --child-dir ", dir, " --length ", length,
-                     " --cp ", cp, " --ulysses ", ulysses, " --rank ", rank, " --ttt ", ttt);
+                     " --cp ", cp, " --ulysses ", ulysses, " --rank ", rank, " --ttt ", ttt,
+                     " --draft ", draft);
     pipes.push_back(popen(command.c_str(), "r"));
   }
   std::vector<RankResult> results(cp);
@@ -151,7 +191,8 @@ std::vector<RankResult> RunWorld(const std::string& dir, int64_t length, int cp,
   for (int rank = 0; rank < cp; ++rank) {
     RankResult& r = results[rank];
     if (pipes[rank] == nullptr ||
-        std::fscanf(pipes[rank], "%lf %lf %lf", &r.peak_mib, &r.step_mib, &r.seconds) != 3) {
+        std::fscanf(pipes[rank], "%lf %lf %lf %lf", &r.peak_mib, &r.step_mib, &r.seconds,
+                    &r.comm_seconds) != 4) {
       ok = false;
     }
     if (pipes[rank] != nullptr && pclose(pipes[rank]) != 0) ok = false;
@@ -171,6 +212,7 @@ RankResult Worst(const std::vector<RankResult>& ranks) {
     worst.peak_mib = std::max(worst.peak_mib, r.peak_mib);
     worst.step_mib = std::max(worst.step_mib, r.step_mib);
     worst.seconds = std::max(worst.seconds, r.seconds);
+    worst.comm_seconds = std::max(worst.comm_seconds, r.comm_seconds);
   }
   return worst;
 }
@@ -181,12 +223,75 @@ const char* ModeName(int cp, int ulysses) {
   return ulysses == cp ? "ulysses" : "usp";
 }
 
+// DSpark under CP (ring layouts: a block draft gathers its context, so the
+// mode decides nothing): step memory and speed at 8k tokens, and the
+// longest length under a fixed per-rank budget. Reports the goals
+// (cp 2 <= 0.6 x cp 1; the longest length doubling) and fails only when CP
+// does not reduce the step memory at all.
+int RunBlockTables(
+    const std::function<const RankResult*(int64_t length, int cp, int ulysses)>& measure) {
+  std::printf(
+      "cp_bench --draft dspark: 1-layer DSpark draft over a target of hidden %ld (%ld heads of "
+      "%ld, MLP %ld), block 7, 512 anchors, Markov rank 256, confidence head, vocab %ld, %s; one "
+      "training step per run, every rank its own process\n",
+      static_cast<long>(kHidden), static_cast<long>(kHeads), static_cast<long>(kHeadDim),
+      static_cast<long>(kIntermediate), static_cast<long>(kVocab),
+      specstream::bench::BenchDtypeName());
+  constexpr int64_t kLength = 8192;
+  std::printf("\nDSpark, %ld tokens (worst rank):\n", static_cast<long>(kLength));
+  std::printf("%4s %14s %14s %10s %10s %12s %12s\n", "cp", "peak RSS MiB", "step MiB", "vs cp 1",
+              "step s", "tokens/s", "comm share");
+  double step_mib[5] = {0, 0, 0, 0, 0};
+  for (int cp : {1, 2, 4}) {
+    const RankResult* r = measure(kLength, cp, 1);
+    if (r == nullptr) return 1;
+    step_mib[cp] = r->step_mib;
+    std::printf("%4d %14.0f %14.0f %10.2f %10.2f %12.0f %12.2f\n", cp, r->peak_mib, r->step_mib,
+                r->step_mib / std::max(step_mib[1], 1.0), r->seconds, kLength / r->seconds,
+                r->comm_seconds / std::max(r->seconds, 1e-9));
+  }
+  const RankResult* base = measure(2048, 1, 1);
+  if (base == nullptr) return 1;
+  const double budget = 1.25 * base->step_mib;
+  std::printf("\nLongest sequence whose DSpark step fits %.0f MiB per rank (1.25 x cp 1 at 2048):\n",
+              budget);
+  std::printf("%4s %10s %20s\n", "cp", "longest", "step MiB at longest");
+  std::map<int, int64_t> longest;
+  for (int cp : {1, 2, 4}) {
+    double at_longest = 0;
+    longest[cp] = 0;
+    for (int64_t l : {2048, 4096, 8192, 16384}) {
+      const RankResult* r = measure(l, cp, 1);
+      if (r == nullptr) return 1;
+      if (r->step_mib > budget) break;
+      longest[cp] = l;
+      at_longest = r->step_mib;
+    }
+    std::printf("%4d %10ld %20.0f\n", cp, static_cast<long>(longest[cp]), at_longest);
+  }
+  const double ratio = step_mib[2] / std::max(step_mib[1], 1.0);
+  const bool doubling = longest[2] >= 2 * longest[1] && longest[4] >= 2 * longest[2];
+  std::printf(
+      "\ncp_bench --draft dspark: step memory at cp 2 = %.2f x cp 1 at %ld tokens (goal <= 0.6: "
+      "%s); longest lengths %ld / %ld / %ld at cp 1 / 2 / 4 (goal: doubling: %s)\n",
+      ratio, static_cast<long>(kLength), ratio <= 0.6 ? "met" : "NOT met",
+      static_cast<long>(longest[1]), static_cast<long>(longest[2]), static_cast<long>(longest[4]),
+      doubling ? "met" : "NOT met");
+  if (!(step_mib[2] < step_mib[1] && step_mib[4] < step_mib[2])) {
+    std::printf("cp_bench: FAIL context parallelism does not reduce a DSpark step's memory\n");
+    return 1;
+  }
+  std::printf("cp_bench --draft dspark: OK\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string child_dir;
   int64_t length = 0;
   int cp = 1, ulysses = 1, rank = 0, ttt = 3;
+  std::string draft = "eagle3";
   bool longest_ulysses = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -197,12 +302,17 @@ int main(int argc, char** argv) {
     if (flag == "--ulysses") ulysses = std::atoi(value.c_str());
     if (flag == "--rank") rank = std::atoi(value.c_str());
     if (flag == "--ttt") ttt = std::atoi(value.c_str());
+    if (flag == "--draft") draft = value;
   }
   specstream::LoggingOptions logging;
   logging.role = "bench";
   logging.level = "warn";
   specstream::InitLogging(logging);
-  if (!child_dir.empty()) return RunRank(child_dir, length, cp, ulysses, rank, ttt);
+  if (draft != "eagle3" && draft != "dspark") {
+    std::fprintf(stderr, "cp_bench: --draft %s (available: eagle3, dspark)\n", draft.c_str());
+    return 2;
+  }
+  if (!child_dir.empty()) return RunRank(child_dir, length, cp, ulysses, rank, ttt, draft);
 
   const std::string dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("specstream-cp-bench-", getpid()))
@@ -223,11 +333,13 @@ int main(int argc, char** argv) {
   for (int64_t l : lengths) {
     if (!WriteStore(absl::StrCat(dir, "/store-", l), l)) return 1;
   }
-  std::printf(
-      "cp_bench: draft hidden %ld (%ld heads of %ld), MLP %ld, draft vocab %ld, K=%d, bf16; "
-      "one training step per run, every rank its own process\n",
-      static_cast<long>(kHidden), static_cast<long>(kHeads), static_cast<long>(kHeadDim),
-      static_cast<long>(kIntermediate), static_cast<long>(kDraftVocab), ttt);
+  if (draft == "eagle3") {
+    std::printf(
+        "cp_bench: draft hidden %ld (%ld heads of %ld), MLP %ld, draft vocab %ld, K=%d, bf16; "
+        "one training step per run, every rank its own process\n",
+        static_cast<long>(kHidden), static_cast<long>(kHeads), static_cast<long>(kHeadDim),
+        static_cast<long>(kIntermediate), static_cast<long>(kDraftVocab), ttt);
+  }
 
   // (length, cp, ulysses) -> worst rank, each measured once.
   std::map<std::tuple<int64_t, int, int>, RankResult> measured;
@@ -235,10 +347,16 @@ int main(int argc, char** argv) {
     auto key = std::make_tuple(l, c, u);
     auto it = measured.find(key);
     if (it != measured.end()) return &it->second;
-    std::vector<RankResult> ranks = RunWorld(dir, l, c, u, ttt);
+    std::vector<RankResult> ranks = RunWorld(dir, l, c, u, ttt, draft);
     if (ranks.empty()) return nullptr;
     return &(measured[key] = Worst(ranks));
   };
+
+  if (draft == "dspark") {
+    const int rc = RunBlockTables(measure);
+    std::filesystem::remove_all(dir);
+    return rc;
+  }
 
   // Table 1: 4k tokens.
   struct Layout {
@@ -270,7 +388,7 @@ int main(int argc, char** argv) {
   for (int run = 1; run <= 3; ++run) {
     double step[2] = {0, 0};
     for (int c : {1, 2}) {
-      std::vector<RankResult> ranks = RunWorld(dir, kRatioLength, c, 1, ttt);
+      std::vector<RankResult> ranks = RunWorld(dir, kRatioLength, c, 1, ttt, draft);
       if (ranks.empty()) return 1;
       step[c - 1] = Worst(ranks).step_mib;
     }

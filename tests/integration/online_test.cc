@@ -247,6 +247,39 @@ TEST_F(OnlineTest, BlockDraftsOnlineAndOfflineTrainTheSameBitwise) {
   }
 }
 
+// A DSpark draft under CP 2 online: each rank streams only its shard's rows
+// of the layers the draft reads (no halo: the context and teacher states
+// are gathered over the CP group) and trains exactly as the offline CP run.
+TEST_F(OnlineTest, BlockDraftUnderContextParallelismOnlineEqualsOffline) {
+  Teacher teacher = StartTeacher();
+  ASSERT_NE(teacher.server, nullptr);
+  std::vector<std::unique_ptr<Trainer>> offline(2), online(2);
+  for (bool use_teacher : {false, true}) {
+    auto& ranks = use_teacher ? online : offline;
+    TrainerConfig c = use_teacher ? Online({teacher.server->address()}) : Offline();
+    if (!use_teacher) c.store = dir_->Join("store-1-5");
+    c.draft_type = "dspark";
+    c.block.num_layers = 2;
+    c.block.block_size = 4;
+    c.block.num_anchors = 6;
+    c.block.markov_rank = 8;
+    c.mask_token_id = 255;
+    c.max_steps = 4;
+    c.cp_size = 2;
+    const absl::Status status = specstream::testing::RunOnRankHandles(
+        2, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
+          auto trainer = Trainer::Create(c, rank, 2, handle.group, handle.store);
+          if (!trainer.ok()) return trainer.status();
+          absl::Status run = (*trainer)->RunSteps(4);
+          ranks[rank] = std::move(*trainer);
+          return run;
+        });
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  ExpectSameTraining(*online[0], *offline[0]);
+  ExpectSameTraining(*online[1], *offline[1]);
+}
+
 // Context parallelism online: each CP rank receives only its slice (plus
 // the TTT halo) and trains exactly as from the store.
 TEST_F(OnlineTest, ContextParallelRanksReceiveTheirSlices) {

@@ -4,6 +4,7 @@
 // all in float64. The blockwise kernels, the chunked heads and the
 // surrogate backward must agree with it to 1e-9 (relative).
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -188,7 +189,7 @@ class BlockDraftTest : public ::testing::Test {
     const BlockDraftOptions& o = draft.options();
     const bool dspark = o.kind == BlockDraftKind::kDSpark;
     const int64_t bs = o.block_size, n = anchors.anchors.size(1), m = n * bs;
-    const int64_t H = 32, A = 4, KV = 2, D = 8, t = batch.input_ids.size(1);
+    const int64_t A = 4, KV = 2, D = 8, t = batch.input_ids.size(1);
     auto P = [&](const std::string& name) { return draft.parameter(name); };
     auto rms = [](const torch::Tensor& x, const torch::Tensor& w) {
       return w * (x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6));
@@ -342,9 +343,17 @@ class BlockDraftTest : public ::testing::Test {
     EXPECT_NEAR(got, want.item<double>(), kRel * std::abs(want.item<double>()));
     EXPECT_NEAR(out->weighted_loss.item<double>(), want.item<double>(),
                 1e-6 * std::abs(want.item<double>()));
+    double worst = 0;
     for (const auto& [name, p] : draft->parameters()) {
-      EXPECT_LE(MaxRelError(grads[name], p.grad()), kRel) << name;
+      const double error = MaxRelError(grads[name], p.grad());
+      worst = std::max(worst, error);
+      EXPECT_LE(error, kRel) << name;
     }
+    std::cout << BlockDraftKindName(kind) << ": loss " << got << " vs dense " << want.item<double>()
+              << " (relative difference " << std::abs(got - want.item<double>()) /
+                                                 std::abs(want.item<double>())
+              << "), worst relative gradient difference over " << grads.size()
+              << " parameters " << worst << "\n";
     for (int64_t k = 0; k < draft->options().block_size; ++k) {
       EXPECT_EQ(out->correct[k].item<int64_t>(), correct[k]) << "slot " << k;
       EXPECT_EQ(out->counted[k].item<int64_t>(), counted[k]) << "slot " << k;

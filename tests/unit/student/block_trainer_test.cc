@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/jobspec/job_spec.h"
 #include "student/block_export.h"
 #include "student/student_commands.h"
@@ -213,7 +214,9 @@ TEST_P(BlockTrainerKindTest, LearnsTheFirstDraftedTokenAndEvaluates) {
   EXPECT_GT(trained->base.acc_k[first], 0.3);  // chance is 1/256
   EXPECT_GT(trained->tau, untrained->tau + 0.2);
   EXPECT_LT(trained->base.loss, untrained->base.loss);
-  if (GetParam() == BlockDraftKind::kDFlash) EXPECT_EQ(trained->base.acc_k[0], 0.0);
+  if (GetParam() == BlockDraftKind::kDFlash) {
+    EXPECT_EQ(trained->base.acc_k[0], 0.0);
+  }
 }
 
 TEST_P(BlockTrainerKindTest, ExportsAndEvaluatesCheckpointsAndExports) {
@@ -252,6 +255,145 @@ TEST_P(BlockTrainerKindTest, ExportsAndEvaluatesCheckpointsAndExports) {
   ASSERT_TRUE(again.ok()) << again.status();
   for (const auto& [name, t] : exported->tensors) {
     EXPECT_TRUE(torch::equal(t, again->tensors.at(name))) << name;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Context parallelism: world = DP x CP trainer ranks (threads) against one
+// rank with the DP groups' batches together.
+
+struct BlockCpCase {
+  int world, cp, ulysses;
+  int64_t max_length;  // 0: the samples' own lengths (16-32)
+  int64_t num_anchors;
+  const char* name;
+};
+
+std::ostream& operator<<(std::ostream& os, const BlockCpCase& c) { return os << c.name; }
+
+class BlockTrainerCpTest
+    : public BlockTrainerTest,
+      public ::testing::WithParamInterface<std::tuple<BlockDraftKind, BlockCpCase>> {
+ public:
+  static TrainerConfig CpConfig(BlockDraftKind kind, const BlockCpCase& c, bool reference) {
+    TrainerConfig config = Config(kind);
+    config.max_length = c.max_length;
+    config.block.num_anchors = c.num_anchors;
+    config.batch_size = reference ? 4 : 4 / (c.world / c.cp);
+    config.cp_size = reference ? 1 : c.cp;
+    config.ulysses_degree = reference ? 1 : c.ulysses;
+    return config;
+  }
+
+  static absl::Status RunWorld(const BlockCpCase& c, const TrainerConfig& config, int64_t steps,
+                               std::vector<std::unique_ptr<Trainer>>& ranks) {
+    ranks.resize(c.world);
+    return specstream::testing::RunOnRankHandles(
+        c.world, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
+          auto trainer = Trainer::Create(config, rank, c.world, handle.group, handle.store);
+          if (!trainer.ok()) return trainer.status();
+          absl::Status run = (*trainer)->RunSteps(steps);
+          ranks[rank] = std::move(*trainer);
+          return run;
+        });
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, BlockTrainerCpTest,
+    ::testing::Combine(
+        ::testing::Values(BlockDraftKind::kDFlash, BlockDraftKind::kDSpark),
+        ::testing::Values(BlockCpCase{2, 2, 1, 0, 8, "ring_cp2"},
+                          BlockCpCase{2, 2, 2, 0, 8, "ulysses_cp2"},
+                          BlockCpCase{4, 4, 1, 0, 8, "ring_cp4"},
+                          BlockCpCase{4, 4, 4, 0, 8, "ulysses_cp4"},
+                          BlockCpCase{4, 4, 2, 0, 8, "usp_cp4_ulysses2"},
+                          BlockCpCase{4, 2, 1, 0, 8, "dp2_ring_cp2"},
+                          // Shards of 2 rows: shard 0 is all prompt; blocks cross edges.
+                          BlockCpCase{4, 4, 1, 8, 8, "ring_cp4_T8_prompt_shard"},
+                          // 2 anchors a row over 4 ranks: two ranks hold only dummies.
+                          BlockCpCase{4, 4, 1, 0, 2, "ring_cp4_ranks_without_anchors"},
+                          // Sequences of 5 rows over 4 ranks: shards of 2, the last empty.
+                          BlockCpCase{4, 4, 1, 5, 8, "ring_cp4_T5_empty_last_shard"},
+                          // Sequences of 3 rows over 4 ranks: no anchor anywhere (the
+                          // 2-token prompt leaves no candidate), the step is skipped
+                          // on every rank.
+                          BlockCpCase{4, 4, 1, 3, 8, "ring_cp4_T3_no_anchor_anywhere"})),
+    [](const ::testing::TestParamInfo<std::tuple<BlockDraftKind, BlockCpCase>>& info) {
+      return std::string(BlockDraftKindName(std::get<0>(info.param))) + "_" +
+             std::get<1>(info.param).name;
+    });
+
+// One step: the gradients each rank holds (all-reduced) within 1e-5
+// relative of CP = 1, the weights after the update within 1e-6 (at lr 1e-3:
+// AdamW's first update is about lr·sign(g), so float-order noise in a
+// near-zero gradient moves a weight by up to ~lr·1e-3), and the same loss,
+// per-slot acc and tau.
+TEST_P(BlockTrainerCpTest, OneStepMatchesCp1) {
+  const auto [kind, c] = GetParam();
+  TrainerConfig reference_config = CpConfig(kind, c, true);
+  reference_config.grad_clip = 0;
+  reference_config.lr = 1e-3;
+  auto reference = Trainer::Create(reference_config, 0, 1, {});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_TRUE((*reference)->RunSteps(1).ok());
+  TrainerConfig config = CpConfig(kind, c, false);
+  config.grad_clip = 0;
+  config.lr = 1e-3;
+  std::vector<std::unique_ptr<Trainer>> ranks;
+  const absl::Status status = RunWorld(c, config, 1, ranks);
+  ASSERT_TRUE(status.ok()) << status;
+  const StepMetrics& want = (*reference)->history().back();
+  double worst_gradient = 0, worst_weight = 0;
+  for (const auto& trainer : ranks) {
+    const StepMetrics& got = trainer->history().back();
+    EXPECT_NEAR(got.loss, want.loss, 1e-5 * std::abs(want.loss) + 1e-9) << c;
+    EXPECT_EQ(got.positions, want.positions) << c;
+    EXPECT_EQ(got.acc_k, want.acc_k) << c;
+    ASSERT_TRUE(got.tau && want.tau);
+    EXPECT_DOUBLE_EQ(*got.tau, *want.tau) << c;
+    const auto& params = trainer->parameters();
+    const auto& ref_params = (*reference)->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& g = params[i].second.grad();
+      const torch::Tensor& ref_g = ref_params[i].second.grad();
+      const double scale = std::max(ref_g.abs().max().item<double>(), 1e-12);
+      const double relative = (g - ref_g).abs().max().item<double>() / scale;
+      const double weight = (params[i].second - ref_params[i].second).abs().max().item<double>();
+      worst_gradient = std::max(worst_gradient, relative);
+      worst_weight = std::max(worst_weight, weight);
+      EXPECT_LE(relative, 1e-5) << c << " gradient of " << params[i].first;
+      EXPECT_LE(weight, 1e-6) << c << " weight " << params[i].first;
+    }
+  }
+  std::cout << BlockDraftKindName(kind) << " " << c << ": loss " << want.loss
+            << ", worst relative gradient difference " << worst_gradient
+            << ", worst weight difference " << worst_weight << "\n";
+}
+
+// 20 steps (clipping, AdamW, the cosine schedule): the loss and per-slot
+// acc at step 20 equal CP = 1 to printed precision (4 decimals).
+TEST_F(BlockTrainerTest, TwentyStepsUnderCpTrackCp1) {
+  for (BlockDraftKind kind : {BlockDraftKind::kDFlash, BlockDraftKind::kDSpark}) {
+    for (const BlockCpCase& c :
+         {BlockCpCase{2, 2, 1, 0, 8, "ring_cp2"}, BlockCpCase{4, 4, 4, 0, 8, "ulysses_cp4"}}) {
+      auto reference = Trainer::Create(BlockTrainerCpTest::CpConfig(kind, c, true), 0, 1, {});
+      ASSERT_TRUE(reference.ok()) << reference.status();
+      ASSERT_TRUE((*reference)->RunSteps(20).ok());
+      std::vector<std::unique_ptr<Trainer>> ranks;
+      const absl::Status status =
+          BlockTrainerCpTest::RunWorld(c, BlockTrainerCpTest::CpConfig(kind, c, false), 20, ranks);
+      ASSERT_TRUE(status.ok()) << status;
+      const StepMetrics& got = ranks[0]->history().back();
+      const StepMetrics& want = (*reference)->history().back();
+      EXPECT_EQ(absl::StrFormat("%.4f", got.loss), absl::StrFormat("%.4f", want.loss)) << c;
+      for (size_t k = 0; k < want.acc_k.size(); ++k) {
+        EXPECT_EQ(absl::StrFormat("%.4f", got.acc_k[k]), absl::StrFormat("%.4f", want.acc_k[k]))
+            << c << " slot " << k;
+      }
+      std::cout << BlockDraftKindName(kind) << " " << c << ": step 20 loss " << got.loss
+                << " vs " << want.loss << "\n";
+    }
   }
 }
 

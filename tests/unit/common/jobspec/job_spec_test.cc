@@ -373,6 +373,19 @@ TEST(JobConfigTest, TheDsparkExampleInTheDocsIsValid) {
   EXPECT_EQ(spec->model().draft().type(), "dspark");
 }
 
+TEST(JobConfigTest, BlockDraftsTakeContextParallelismInEveryMode) {
+  for (const char* type : {"dflash", "dspark"}) {
+    for (const char* parallel :
+         {"cp_size: 2", "cp_size: 4\n  cp_mode: ulysses",
+          "cp_size: 4\n  cp_mode: usp\n  ulysses_degree: 2"}) {
+      auto spec = ParseJobSpecYaml(
+          absl::StrReplaceAll(BlockSpec(type), {{"cp_size: 1\n  cp_mode: ring", parallel}}));
+      ASSERT_TRUE(spec.ok()) << type << " " << parallel << ": " << spec.status();
+      EXPECT_GT(spec->parallel().cp_size(), 1);
+    }
+  }
+}
+
 TEST(JobConfigTest, EveryBlockDraftRefusalNamesItsField) {
   struct BlockRefusal {
     std::string spec;
@@ -419,12 +432,6 @@ TEST(JobConfigTest, EveryBlockDraftRefusalNamesItsField) {
        "training.ttt_steps", "only for eagle3 drafts (model.draft.type is dflash)"},
       {absl::StrReplaceAll(BlockSpec("dspark"), {{"  seed: 42", "  ttt_steps: -1\n  seed: 42"}}),
        "training.ttt_steps", "only for eagle3"},
-      // ... and no context parallelism yet.
-      {absl::StrReplaceAll(BlockSpec("dspark"), {{"cp_size: 1", "cp_size: 2"}}), "parallel.cp_size",
-       "context parallelism for dflash/dspark drafts is not built yet; use "
-       "cp_size 1"},
-      {absl::StrReplaceAll(BlockSpec("dflash"), {{"cp_size: 1", "cp_size: 4"}}), "parallel.cp_size",
-       "not built yet"},
       // Ranges.
       {dflash("num_layers: 65"), "model.draft.num_layers", "must be in [1, 64], got 65"},
       {dspark("num_layers: -1"), "model.draft.num_layers", "got -1"},
@@ -549,7 +556,7 @@ TEST(JobConfigTest, YamlSyntaxErrorsCarryLineNumbers) {
 
 // P13 item 15: invalid UTF-8 used to escape as an uncaught JSON exception.
 TEST(JobConfigTest, InvalidUtf8IsRefusedNamingTheLine) {
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string("\xff"), std::string("\xc3("), std::string("\xed\xa0\x80")}) {
     auto spec = ParseJobSpecYaml(Edit("dir: /export", "dir: /exp" + bad + "ort"));
     ASSERT_FALSE(spec.ok());
@@ -584,7 +591,7 @@ TEST(JobConfigTest, AnAliasBombIsRefusedBeforeItExpands) {
 // (validate aborted; a submit would take the coordinator down). Control
 // characters YAML does not allow are refused up front, naming where.
 TEST(JobConfigTest, ControlCharactersAreRefusedNamingTheLineAndColumn) {
-  for (const std::string bad : {std::string("\0_", 2), std::string("\0", 1), std::string("\x01"),
+  for (const std::string& bad : {std::string("\0_", 2), std::string("\0", 1), std::string("\x01"),
                                 std::string("\x1b"), std::string("\x7f")}) {
     const std::string text = Edit("dir: /export", "dir: /exp" + bad + "ort");
     auto spec = ParseJobSpecYaml(text);
