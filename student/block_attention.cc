@@ -107,8 +107,8 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
       torch::Tensor m = std::get<0>(sb.max(-1));
       torch::Tensor p = (sb - m.unsqueeze(-1)).exp_();
       torch::Tensor l = p.sum(-1).reshape({dims.batch, dims.kv_heads, rows});
-      torch::Tensor acc =
-          torch::einsum("bhgnij,bhnjd->bhgnid", {p, vbc}).reshape({dims.batch, dims.kv_heads, rows, dims.d});
+      torch::Tensor acc = torch::einsum("bhgnij,bhnjd->bhgnid", {p, vbc})
+                              .reshape({dims.batch, dims.kv_heads, rows, dims.d});
       m = m.reshape({dims.batch, dims.kv_heads, rows});
 
       const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
@@ -157,7 +157,8 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     };
     const torch::Tensor q6 = as6(q), out6 = as6(out), do6 = as6(grad_outputs[0]);
     const torch::Tensor kb5 = as5(kb), vb5 = as5(vb);
-    const torch::Tensor lse5 = lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
+    const torch::Tensor lse5 =
+        lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
 
     torch::Tensor dq = torch::empty_like(q, torch::MemoryFormat::Contiguous);
     torch::Tensor dkb = torch::empty_like(kb, torch::MemoryFormat::Contiguous);
@@ -188,9 +189,8 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
                              .sub_(lsec.unsqueeze(-1))
                              .exp_();
       dvb5.narrow(2, c.j0, c.nc).copy_(torch::einsum("bhgnij,bhgnid->bhnjd", {pb, doc}));
-      torch::Tensor dsb = torch::einsum("bhgnid,bhnjd->bhgnij", {doc, vbc})
-                              .sub_(delta.unsqueeze(-1))
-                              .mul_(pb);
+      torch::Tensor dsb =
+          torch::einsum("bhgnid,bhnjd->bhgnij", {doc, vbc}).sub_(delta.unsqueeze(-1)).mul_(pb);
       torch::Tensor dqc = torch::einsum("bhgnij,bhnjd->bhgnid", {dsb, kbc}).reshape(flat);
       dkb5.narrow(2, c.j0, c.nc)
           .copy_(torch::einsum("bhgnij,bhgnid->bhnjd", {dsb, qc}).mul_(scale));
@@ -236,8 +236,8 @@ torch::Tensor BlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
               "BlockAttention: kc and vc must both be [B, Hkv, S, D], got ", kc.sizes(), " and ",
               vc.sizes());
   TORCH_CHECK(kb.dim() == 4 && kb.sizes() == vb.sizes(),
-              "BlockAttention: kb and vb must both be [B, Hkv, N·bs, D], got ", kb.sizes(),
-              " and ", vb.sizes());
+              "BlockAttention: kb and vb must both be [B, Hkv, N·bs, D], got ", kb.sizes(), " and ",
+              vb.sizes());
   TORCH_CHECK(block_size > 0, "BlockAttention: block_size must be positive");
   const int64_t batch = q.size(0), q_heads = q.size(1), rows = q.size(2), d = q.size(3);
   const int64_t kv_heads = kc.size(1);
@@ -247,16 +247,16 @@ torch::Tensor BlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
               ") must be a multiple of Hkv (", kv_heads, ")");
   TORCH_CHECK(kc.size(0) == batch && kc.size(3) == d, "BlockAttention: kc ", kc.sizes(),
               " does not match q ", q.sizes());
-  TORCH_CHECK(kb.size(0) == batch && kb.size(1) == kv_heads && kb.size(2) == rows &&
-                  kb.size(3) == d,
-              "BlockAttention: kb ", kb.sizes(), " does not match q ", q.sizes());
+  TORCH_CHECK(
+      kb.size(0) == batch && kb.size(1) == kv_heads && kb.size(2) == rows && kb.size(3) == d,
+      "BlockAttention: kb ", kb.sizes(), " does not match q ", q.sizes());
   TORCH_CHECK(at::isFloatingType(q.scalar_type()), "BlockAttention: q must be floating point");
   for (const torch::Tensor* t : {&kc, &vc, &kb, &vb}) {
     TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(),
                 "BlockAttention: q, kc, vc, kb and vb must share dtype and device");
   }
-  TORCH_CHECK(limit.device().is_cpu() && limit.scalar_type() == torch::kInt64 &&
-                  limit.dim() == 2 && limit.size(0) == batch && limit.size(1) == rows / block_size,
+  TORCH_CHECK(limit.device().is_cpu() && limit.scalar_type() == torch::kInt64 && limit.dim() == 2 &&
+                  limit.size(0) == batch && limit.size(1) == rows / block_size,
               "BlockAttention: limit must be a CPU int64 [B, N] = [", batch, ", ",
               rows / block_size, "], got ", limit.sizes());
   const torch::Tensor lim = limit.contiguous();

@@ -30,8 +30,8 @@ uint64_t Mix(uint64_t x) {
 // Uniform in [0, n) by rejection (no modulo bias; std's distributions are
 // implementation-defined, this is the same everywhere).
 uint64_t UniformBelow(std::mt19937_64& rng, uint64_t n) {
-  const uint64_t limit = std::numeric_limits<uint64_t>::max() -
-                         std::numeric_limits<uint64_t>::max() % n;
+  const uint64_t limit =
+      std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % n;
   uint64_t x;
   do {
     x = rng();
@@ -144,8 +144,8 @@ BlockAnchors SampleBlockAnchors(const DraftBatch& batch, const std::vector<int64
                             static_cast<uint64_t>(sample_keys[row])));
     // Partial Fisher-Yates: the first n entries are a uniform subset.
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t j = i + static_cast<int64_t>(
-                                UniformBelow(rng, static_cast<uint64_t>(candidates.size() - i)));
+      const int64_t j =
+          i + static_cast<int64_t>(UniformBelow(rng, static_cast<uint64_t>(candidates.size() - i)));
       std::swap(candidates[i], candidates[j]);
     }
     candidates.resize(n);
@@ -200,36 +200,34 @@ absl::StatusOr<std::unique_ptr<BlockDraft>> BlockDraft::Create(const DraftShape&
   const BlockDraftOptions& o = options;
   const char* type = BlockDraftKindName(o.kind);
   auto refuse = [&](const std::string& field, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("model.draft.", field, ": ", why, " (", type,
-                                                   " draft)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.draft.", field, ": ", why, " (", type, " draft)"));
   };
-  for (auto [field, v] :
-       {std::pair<const char*, int64_t>{"hidden_size", s.hidden_size},
-        {"intermediate_size", s.intermediate_size},
-        {"num_attention_heads", s.num_attention_heads},
-        {"num_key_value_heads", s.num_key_value_heads},
-        {"head_dim", s.head_dim},
-        {"num_layers", o.num_layers},
-        {"block_size", o.block_size},
-        {"num_anchors", o.num_anchors}}) {
+  for (auto [field, v] : {std::pair<const char*, int64_t>{"hidden_size", s.hidden_size},
+                          {"intermediate_size", s.intermediate_size},
+                          {"num_attention_heads", s.num_attention_heads},
+                          {"num_key_value_heads", s.num_key_value_heads},
+                          {"head_dim", s.head_dim},
+                          {"num_layers", o.num_layers},
+                          {"block_size", o.block_size},
+                          {"num_anchors", o.num_anchors}}) {
     if (v <= 0) return refuse(field, absl::StrCat("must be positive, got ", v));
   }
   if (s.num_attention_heads % s.num_key_value_heads != 0) {
     return refuse("num_key_value_heads", "must divide num_attention_heads");
   }
   if (s.hidden_size != s.target_hidden_size) {
-    return refuse("hidden_size", absl::StrCat(s.hidden_size, " must equal the target's ",
-                                              s.target_hidden_size,
-                                              " (the draft reuses its embeddings and lm_head)"));
+    return refuse("hidden_size",
+                  absl::StrCat(s.hidden_size, " must equal the target's ", s.target_hidden_size,
+                               " (the draft reuses its embeddings and lm_head)"));
   }
   if (o.kind == BlockDraftKind::kDFlash && o.block_size < 2) {
     return refuse("block_size", "must be >= 2 (slot 0 is never trained)");
   }
   if (o.target_layer_ids.empty() ||
       static_cast<int64_t>(o.target_layer_ids.size()) != s.num_captures) {
-    return refuse("target_layer_ids",
-                  absl::StrCat(o.target_layer_ids.size(), " ids for ", s.num_captures,
-                               " captured layers in the data"));
+    return refuse("target_layer_ids", absl::StrCat(o.target_layer_ids.size(), " ids for ",
+                                                   s.num_captures, " captured layers in the data"));
   }
   if (o.mask_token_id < 0 || o.mask_token_id >= s.target_vocab_size) {
     return refuse("mask_token_id", absl::StrCat(o.mask_token_id, " is not a row of the target's ",
@@ -281,8 +279,7 @@ absl::StatusOr<std::unique_ptr<BlockDraft>> BlockDraft::Create(const DraftShape&
     draft->Add("markov_head.markov_w1.weight", normal({V, r}));
     draft->Add("markov_head.markov_w2.weight", torch::zeros({V, r}));
     if (o.confidence_head) {
-      draft->Add("confidence_head.proj.weight",
-                 normal({1, o.confidence_with_markov ? H + r : H}));
+      draft->Add("confidence_head.proj.weight", normal({1, o.confidence_with_markov ? H + r : H}));
       draft->Add("confidence_head.proj.bias", torch::zeros({1}));
     }
   }
@@ -303,8 +300,7 @@ std::pair<torch::Tensor, torch::Tensor> BlockDraft::LabelsAndWeights(
   const torch::Tensor len = batch.lengths.view({b, 1, 1});
   const torch::Tensor kept = keep.unsqueeze(-1);
   auto gather = [&](const torch::Tensor& x, const torch::Tensor& pos) {
-    return x.gather(1, pos.clamp(0, std::max<int64_t>(t - 1, 0)).reshape({b, -1}))
-        .view({b, n, bs});
+    return x.gather(1, pos.clamp(0, std::max<int64_t>(t - 1, 0)).reshape({b, -1})).view({b, n, bs});
   };
   const torch::Tensor pos = anchors.unsqueeze(-1) + k;  // [B, N, bs]
   const double gamma = options_.loss_decay_gamma;
@@ -396,8 +392,8 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
       const torch::Tensor q_norm = P(p + "self_attn.q_norm.weight");
       const torch::Tensor k_norm = P(p + "self_attn.k_norm.weight");
       torch::Tensor x = nn::RmsNorm(h, P(p + "input_layernorm.weight"), eps);
-      auto heads = [&](const torch::Tensor& in, const torch::Tensor& w, int64_t rows,
-                       int64_t count, const torch::Tensor* norm) {
+      auto heads = [&](const torch::Tensor& in, const torch::Tensor& w, int64_t rows, int64_t count,
+                       const torch::Tensor* norm) {
         torch::Tensor y = torch::linear(in, w).view({b, rows, count, D});
         if (norm != nullptr) y = nn::RmsNorm(y, *norm, eps);
         return y.transpose(1, 2);
@@ -409,8 +405,8 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
       torch::Tensor vc = heads(context, v_w, ctx_len, KV, nullptr);
       torch::Tensor a = BlockAttention(q.contiguous(), kc.contiguous(), vc.contiguous(),
                                        kb.contiguous(), vb.contiguous(), limit, bs, attention);
-      h = h + torch::linear(a.transpose(1, 2).reshape({b, m, A * D}),
-                            P(p + "self_attn.o_proj.weight"));
+      h = h +
+          torch::linear(a.transpose(1, 2).reshape({b, m, A * D}), P(p + "self_attn.o_proj.weight"));
       h = h + nn::SwiGluMlp(nn::RmsNorm(h, P(p + "post_attention_layernorm.weight"), eps),
                             P(p + "mlp.gate_proj.weight"), P(p + "mlp.up_proj.weight"),
                             P(p + "mlp.down_proj.weight"));
@@ -442,8 +438,7 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
       }
     }
     const torch::Tensor denominator =
-        torch::where(global_weight_sum > 0, global_weight_sum,
-                     torch::ones_like(global_weight_sum))
+        torch::where(global_weight_sum > 0, global_weight_sum, torch::ones_like(global_weight_sum))
             .to(ft);
     const int64_t chunk_rows =
         o.loss_chunk_rows > 0 ? o.loss_chunk_rows : std::max<int64_t>(1, kLossChunkLogits / V);
@@ -482,8 +477,8 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
                                        .clamp(0, std::max<int64_t>(ctx_len - 1, 0))
                                        .unsqueeze(-1)
                                        .expand({b, rows, H});
-          teacher_p = torch::softmax(
-              torch::linear(last_hidden.gather(1, at).to(cd), head).to(ft), -1);
+          teacher_p =
+              torch::softmax(torch::linear(last_hidden.gather(1, at).to(cd), head).to(ft), -1);
         }
         torch::Tensor l1 = (logp.exp() - teacher_p).abs().sum(-1);
         term = o.ce_weight * term + o.l1_weight * l1;

@@ -97,8 +97,7 @@ absl::StatusOr<BlockDraftKind> BlockDraftKindFromName(const std::string& name);
 // `num_layers` draft layers (common/block_draft.h). Errors name
 // model.draft.target_layer_ids.
 absl::StatusOr<std::vector<int64_t>> BlockTargetLayerIds(const std::vector<int64_t>& configured,
-                                                         int64_t num_layers,
-                                                         int64_t target_layers);
+                                                         int64_t num_layers, int64_t target_layers);
 
 // One step's anchors for a batch, on the host: anchors[b, j] is block j's
 // anchor position in sample b (ascending over the kept blocks); rows with

@@ -604,8 +604,8 @@ absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
   } else if (layout.ring_size() == 1) {
     groups.cp = groups.ulysses;
   } else {
-    auto group = create(absl::StrCat("cp/all/", layout.dp_rank()), layout.cp_rank(),
-                        layout.cp_size);
+    auto group =
+        create(absl::StrCat("cp/all/", layout.dp_rank()), layout.cp_rank(), layout.cp_size);
     if (!group.ok()) return group.status();
     groups.cp = *group;
   }

@@ -89,15 +89,15 @@ absl::Status MetricsSink::Write(const StepMetrics& m) {
   }
   if (jsonl_) {
     nlohmann::json line = {{"step", m.step},
-                                    {"total_steps", options_.total_steps},
-                                    {"loss", m.loss},
-                                    {"loss_k", m.loss_k},
-                                    {"acc_k", m.acc_k},
-                                    {"sim_accept_len", m.sim_accept_len},
-                                    {"lr", m.lr},
-                                    {"grad_norm", m.grad_norm},
-                                    {"tokens_per_s", m.tokens_per_second},
-                                    {"positions", m.positions}};
+                           {"total_steps", options_.total_steps},
+                           {"loss", m.loss},
+                           {"loss_k", m.loss_k},
+                           {"acc_k", m.acc_k},
+                           {"sim_accept_len", m.sim_accept_len},
+                           {"lr", m.lr},
+                           {"grad_norm", m.grad_norm},
+                           {"tokens_per_s", m.tokens_per_second},
+                           {"positions", m.positions}};
     if (m.tau) line["tau"] = *m.tau;
     if (m.calibration_error) line["conf_ece"] = *m.calibration_error;
     return Annotate(jsonl_->Append(line), "metrics.jsonl");

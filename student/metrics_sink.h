@@ -55,7 +55,7 @@ struct StepMetrics {
   // weigh something; DFlash's slot 0 never does), loss_k is empty,
   // sim_accept_len is Σ_k Π_{j≤k} acc_j over the trained slots, positions
   // counts the first trained slot's weighted tokens, and:
-  std::optional<double> tau;                // mean accepted length of the kept blocks, bonus included
+  std::optional<double> tau;  // mean accepted length of the kept blocks, bonus included
   std::optional<double> calibration_error;  // DSpark's confidence head (10-bin ECE)
 };
 

@@ -73,7 +73,7 @@ struct OnlineSourceOptions {
   // that cannot serve a set of its own choosing (FailedPrecondition), both
   // naming capture_layer_ids.
   std::vector<int32_t> capture_layer_ids;
-  std::string ledger;     // ledger file (JSONL, appended); empty: none
+  std::string ledger;  // ledger file (JSONL, appended); empty: none
   // How long a lost teacher is reconnected to (data.teacher_grace_s);
   // zero: a lost teacher is given up at once (with no other live teacher,
   // samples fail at once). Backoff between attempts: from

@@ -359,8 +359,7 @@ absl::Status Trainer::InitBlockDraft(const HfModelConfig& target) {
   // block attention runs locally over the gathered context).
   ASSIGN_OR_RETURN(cp_groups_, CreateCpGroups(layout_, store_, c.local_address,
                                               std::chrono::minutes(5), device_));
-  ASSIGN_OR_RETURN(block_draft_,
-                   BlockDraft::Create(shape, options, c.target_dir, c.seed, device_));
+  ASSIGN_OR_RETURN(block_draft_, BlockDraft::Create(shape, options, c.target_dir, c.seed, device_));
   SS_LOG_INFO(
       "trainer: {} draft, {} layer(s) over target layers [{}], block {}, {} anchors, mask token {}",
       BlockDraftKindName(options.kind), options.num_layers,
@@ -589,8 +588,8 @@ absl::Status Trainer::TrainStepUnchecked() {
   // any rank is skipped on every rank).
   torch::Tensor global_norm;  // EAGLE-3: valid positions per step; blocks: Σ weight
   RETURN_IF_ERROR(CatchTorch("loss normaliser", [&] {
-    global_norm = block_draft_ ? block_draft_->WeightSum(batch, anchors)
-                               : draft_->CountValid(batch, k_steps);
+    global_norm =
+        block_draft_ ? block_draft_->WeightSum(batch, anchors) : draft_->CountValid(batch, k_steps);
   }));
   RETURN_IF_ERROR(AllReduce(global_norm));
   bool empty = false;
@@ -616,9 +615,8 @@ absl::Status Trainer::TrainStepUnchecked() {
   }
   RETURN_IF_ERROR(reducer_->Finish());
   torch::Tensor grad_norm;
-  RETURN_IF_ERROR(CatchTorch("gradient clipping", [&] {
-    grad_norm = ClipGradNorm(parameters(), config_.grad_clip);
-  }));
+  RETURN_IF_ERROR(CatchTorch("gradient clipping",
+                             [&] { grad_norm = ClipGradNorm(parameters(), config_.grad_clip); }));
   const double lr = schedule_.At(step_);
   // The norm is global, so every rank takes the same branch.
   bool finite = true;
@@ -739,8 +737,10 @@ absl::StatusOr<StepMetrics> Trainer::ReadBlockMetrics(const BlockOutputs& out,
   RETURN_IF_ERROR(CatchTorch("metrics", [&] {
     const auto f64 = out.loss_sum.options().dtype(torch::kFloat64);
     std::vector<torch::Tensor> parts = {
-        out.loss_sum.reshape({1}),         out.correct.to(torch::kFloat64),
-        out.counted.to(torch::kFloat64),   out.accepted.reshape({1}),
+        out.loss_sum.reshape({1}),
+        out.correct.to(torch::kFloat64),
+        out.counted.to(torch::kFloat64),
+        out.accepted.reshape({1}),
         out.blocks.to(torch::kFloat64).reshape({1}),
         torch::full({1}, static_cast<double>(tokens_since_record_), f64)};
     if (calibrated) parts.push_back(out.calibration.reshape({-1}));
@@ -762,8 +762,8 @@ absl::StatusOr<StepMetrics> Trainer::ReadBlockMetrics(const BlockOutputs& out,
   m.lr = lr;
   m.loss = tail[0] > 0 ? v[0] / tail[0] : 0.0;
   m.grad_norm = tail[1];
-  BlockMeans(correct, counted, bs,
-             block_draft_->options().kind == BlockDraftKind::kDFlash ? 1 : 0, &m);
+  BlockMeans(correct, counted, bs, block_draft_->options().kind == BlockDraftKind::kDFlash ? 1 : 0,
+             &m);
   m.tau = blocks > 0 ? accepted / blocks : 0.0;
   if (calibrated) m.calibration_error = CalibrationError(bins, kCalibrationBins);
   m.tokens = static_cast<int64_t>(tokens);

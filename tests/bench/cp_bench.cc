@@ -180,19 +180,17 @@ std::vector<RankResult> RunWorld(const std::string& dir, int64_t length, int cp,
   std::filesystem::remove(absl::StrCat(dir, "/port-", length, "-", cp, "-", ulysses));
   std::vector<FILE*> pipes;
   for (int rank = 0; rank < cp; ++rank) {
-    const std::string command =
-        absl::StrCat(specstream::bench::SelfExe(), " --child-dir ", dir, " --length ", length,
-                     " --cp ", cp, " --ulysses ", ulysses, " --rank ", rank, " --ttt ", ttt,
-                     " --draft ", draft);
+    const std::string command = absl::StrCat(
+        specstream::bench::SelfExe(), " --child-dir ", dir, " --length ", length, " --cp ", cp,
+        " --ulysses ", ulysses, " --rank ", rank, " --ttt ", ttt, " --draft ", draft);
     pipes.push_back(popen(command.c_str(), "r"));
   }
   std::vector<RankResult> results(cp);
   bool ok = true;
   for (int rank = 0; rank < cp; ++rank) {
     RankResult& r = results[rank];
-    if (pipes[rank] == nullptr ||
-        std::fscanf(pipes[rank], "%lf %lf %lf %lf", &r.peak_mib, &r.step_mib, &r.seconds,
-                    &r.comm_seconds) != 4) {
+    if (pipes[rank] == nullptr || std::fscanf(pipes[rank], "%lf %lf %lf %lf", &r.peak_mib,
+                                              &r.step_mib, &r.seconds, &r.comm_seconds) != 4) {
       ok = false;
     }
     if (pipes[rank] != nullptr && pclose(pipes[rank]) != 0) ok = false;
@@ -259,8 +257,9 @@ int RunBlockTables(
   const RankResult* base = measure(2048, 1, 1);
   if (base == nullptr) return 1;
   const double budget = 1.25 * base->step_mib;
-  std::printf("\nLongest sequence whose DSpark step fits %.0f MiB per rank (1.25 x cp 1 at 2048):\n",
-              budget);
+  std::printf(
+      "\nLongest sequence whose DSpark step fits %.0f MiB per rank (1.25 x cp 1 at 2048):\n",
+      budget);
   std::printf("%4s %10s %20s\n", "cp", "longest", "step MiB at longest");
   std::map<int, int64_t> longest;
   for (int cp : {1, 2, 4}) {

@@ -190,8 +190,8 @@ int main(int argc, char** argv) {
         "matmul %.1f GFLOP/s\n",
         draft.c_str(), static_cast<long>(kHidden),
         static_cast<long>(draft == "dflash" ? kDflashBlock : kDsparkBlock),
-        static_cast<long>(kAnchors), static_cast<long>(kVocab),
-        specstream::bench::BenchDtypeName(), matmul / 1e9);
+        static_cast<long>(kAnchors), static_cast<long>(kVocab), specstream::bench::BenchDtypeName(),
+        matmul / 1e9);
   }
   std::printf("%8s %12s %14s %10s %12s\n", "tokens", "tokens/s", "step seconds", "fraction",
               "extra MiB");
@@ -215,8 +215,9 @@ int main(int argc, char** argv) {
     const double fraction = step_flops / seconds / matmul;
     std::printf("%8ld %12.0f %14.2f %10.2f %12.0f\n", len, tps, seconds, fraction, mib);
     if (fraction > 1.0) {
-      std::printf("student_bench: FAIL a fraction of matmul FLOP/s above 1 (the FLOP count or "
-                  "the baseline is wrong)\n");
+      std::printf(
+          "student_bench: FAIL a fraction of matmul FLOP/s above 1 (the FLOP count or "
+          "the baseline is wrong)\n");
       return 1;
     }
     extra.push_back(mib);

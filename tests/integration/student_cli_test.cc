@@ -164,9 +164,9 @@ TEST_F(StudentCliTest, TrainADFlashDraftExportAndEval) {
                     " --out " + dir_.Join("store4") + " --capture-layers 4 --capture-for any"),
             0)
       << Stderr();
-  testing::WriteFile(dir_.Join("dflash.yaml"),
-                     BlockJobYaml(dir_.Join("store4"), "    type: dflash\n    block_size: 4\n"
-                                                       "    num_anchors: 4\n"));
+  testing::WriteFile(dir_.Join("dflash.yaml"), BlockJobYaml(dir_.Join("store4"),
+                                                            "    type: dflash\n    block_size: 4\n"
+                                                            "    num_anchors: 4\n"));
   ASSERT_EQ(Student("train --config " + dir_.Join("dflash.yaml") + " --nproc 2"), 0) << Stderr();
   EXPECT_NE(Stderr().find("dflash draft, 1 layer(s) over target layers [4]"), std::string::npos)
       << Stderr();
@@ -189,8 +189,7 @@ TEST_F(StudentCliTest, TrainADFlashDraftExportAndEval) {
       << Stderr();
   EXPECT_EQ(testing::ReadFile(dir_.Join("export/model.safetensors")),
             testing::ReadFile(dir_.Join("export2/model.safetensors")));
-  ASSERT_EQ(Student("eval --checkpoint " + dir_.Join("ckpt") + " --data " + dir_.Join("store4")),
-            0)
+  ASSERT_EQ(Student("eval --checkpoint " + dir_.Join("ckpt") + " --data " + dir_.Join("store4")), 0)
       << Stderr();
   auto line = nlohmann::json::parse(Stdout());
   EXPECT_EQ(line["type"], "dflash");
@@ -212,17 +211,18 @@ TEST_F(StudentCliTest, TrainADSparkDraftOnline) {
   const std::string port_file = dir_.Join("teacher.port");
   const std::string serve = std::string(SPECSTREAM_TEACHER_PATH) + " serve --model " +
                             dir_.Join("target") + " --devices cpu --port 0 --port-file " +
-                            port_file + " >" +
-                            dir_.Join("serve.log") + " 2>&1 & echo $! >" + dir_.Join("serve.pid");
+                            port_file + " >" + dir_.Join("serve.log") + " 2>&1 & echo $! >" +
+                            dir_.Join("serve.pid");
   ASSERT_EQ(std::system(serve.c_str()), 0);
   const int port_number = testing::WaitForPortFile(port_file);
   ASSERT_GT(port_number, 0) << testing::ReadFile(dir_.Join("serve.log"));
-  std::string job = BlockJobYaml(dir_.Join("store"), "    type: dspark\n    num_layers: 2\n"
-                                                     "    num_anchors: 4\n    markov_rank: 8\n");
+  std::string job = BlockJobYaml(dir_.Join("store"),
+                                 "    type: dspark\n    num_layers: 2\n"
+                                 "    num_anchors: 4\n    markov_rank: 8\n");
   const std::string store_line = "  store: " + dir_.Join("store") + "\n";
   job.replace(job.find(store_line), store_line.size(),
-              "  tokenized: " + dir_.Join("data.jsonl") + "\n  teachers: [\"127.0.0.1:" +
-                  std::to_string(port_number) + "\"]\n");
+              "  tokenized: " + dir_.Join("data.jsonl") +
+                  "\n  teachers: [\"127.0.0.1:" + std::to_string(port_number) + "\"]\n");
   testing::WriteFile(dir_.Join("dspark.yaml"), job);
   const int rc = Student("train --config " + dir_.Join("dspark.yaml") + " --nproc 2");
   std::system(("kill -TERM " + testing::ReadFile(dir_.Join("serve.pid"))).c_str());

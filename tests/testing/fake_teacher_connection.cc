@@ -196,7 +196,7 @@ class FakeTeacherConnector::Stream final : public student::TeacherStream {
   FakeTeacherConnector* const owner_;
   Teacher* const teacher_;
   const std::vector<int> capture_layer_ids_;  // what Open asked for, if honoured
-  std::mutex& mu_;  // the source's
+  std::mutex& mu_;                            // the source's
   student::TeacherStreamEvents& events_;
   std::thread thread_;
   bool alive_ = true;  // under mu_

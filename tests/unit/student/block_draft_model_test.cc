@@ -239,18 +239,18 @@ class BlockDraftTest : public ::testing::Test {
               .transpose(0, 1);
         };
         torch::Tensor q = rope(rms(proj(x, "q", A), P(p + "self_attn.q_norm.weight")), pos);
-        torch::Tensor k = torch::cat(
-            {rope(rms(proj(ctx, "k", KV), P(p + "self_attn.k_norm.weight")),
-                  torch::arange(t, torch::kInt64)),
-             rope(rms(proj(x, "k", KV), P(p + "self_attn.k_norm.weight")), pos)},
-            1);
+        torch::Tensor k =
+            torch::cat({rope(rms(proj(ctx, "k", KV), P(p + "self_attn.k_norm.weight")),
+                             torch::arange(t, torch::kInt64)),
+                        rope(rms(proj(x, "k", KV), P(p + "self_attn.k_norm.weight")), pos)},
+                       1);
         torch::Tensor v = torch::cat({proj(ctx, "v", KV), proj(x, "v", KV)}, 1);
         k = k.repeat_interleave(A / KV, 0);
         v = v.repeat_interleave(A / KV, 0);
         torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(D));
         scores = scores.masked_fill(~visible, -std::numeric_limits<double>::infinity());
-        torch::Tensor a = torch::matmul(torch::softmax(scores, -1), v).transpose(0, 1).reshape(
-            {m, A * D});
+        torch::Tensor a =
+            torch::matmul(torch::softmax(scores, -1), v).transpose(0, 1).reshape({m, A * D});
         h = h + torch::matmul(a, P(p + "self_attn.o_proj.weight").t());
         torch::Tensor y = rms(h, P(p + "post_attention_layernorm.weight"));
         h = h + torch::matmul(torch::silu(torch::matmul(y, P(p + "mlp.gate_proj.weight").t())) *
@@ -289,14 +289,13 @@ class BlockDraftTest : public ::testing::Test {
           if (w == 0) continue;
           torch::Tensor term = -logp[r][label];
           if (dspark) {
-            torch::Tensor teacher = torch::softmax(
-                torch::matmul(batch.last_hidden[b][a + k], head.t()), -1);
+            torch::Tensor teacher =
+                torch::softmax(torch::matmul(batch.last_hidden[b][a + k], head.t()), -1);
             torch::Tensor l1 = (logp[r].exp() - teacher).abs().sum();
             term = o.ce_weight * term + o.l1_weight * l1;
-            torch::Tensor c =
-                torch::matmul(torch::cat({hn[r], prev_embed[r]}),
-                              P("confidence_head.proj.weight")[0]) +
-                P("confidence_head.proj.bias")[0];
+            torch::Tensor c = torch::matmul(torch::cat({hn[r], prev_embed[r]}),
+                                            P("confidence_head.proj.weight")[0]) +
+                              P("confidence_head.proj.bias")[0];
             torch::Tensor target = (1 - 0.5 * l1.detach()).clamp(0, 1);
             term = term + o.conf_weight * -(target * torch::log_sigmoid(c) +
                                             (1 - target) * torch::log_sigmoid(-c));
@@ -350,10 +349,10 @@ class BlockDraftTest : public ::testing::Test {
       EXPECT_LE(error, kRel) << name;
     }
     std::cout << BlockDraftKindName(kind) << ": loss " << got << " vs dense " << want.item<double>()
-              << " (relative difference " << std::abs(got - want.item<double>()) /
-                                                 std::abs(want.item<double>())
-              << "), worst relative gradient difference over " << grads.size()
-              << " parameters " << worst << "\n";
+              << " (relative difference "
+              << std::abs(got - want.item<double>()) / std::abs(want.item<double>())
+              << "), worst relative gradient difference over " << grads.size() << " parameters "
+              << worst << "\n";
     for (int64_t k = 0; k < draft->options().block_size; ++k) {
       EXPECT_EQ(out->correct[k].item<int64_t>(), correct[k]) << "slot " << k;
       EXPECT_EQ(out->counted[k].item<int64_t>(), counted[k]) << "slot " << k;
@@ -390,8 +389,7 @@ TEST_F(BlockDraftTest, LabelAlignmentByHand) {
     EXPECT_TRUE(labels.equal(torch::tensor({11, 12, 13, 14, 14, 15, 15, 15}).view({1, 2, 4})));
     // Anchor 1: slot 2 is x[3] (masked out); anchor 4: slots 2, 3 lie past the end.
     const std::vector<double> want = {0, 1, 0, std::exp(-2.0 / 7), 0, 1, 0, 0};
-    EXPECT_TRUE(torch::allclose(weights.view({-1}), torch::tensor(want, torch::kFloat64), 0,
-                                1e-15))
+    EXPECT_TRUE(torch::allclose(weights.view({-1}), torch::tensor(want, torch::kFloat64), 0, 1e-15))
         << weights;
   }
   {
@@ -402,8 +400,7 @@ TEST_F(BlockDraftTest, LabelAlignmentByHand) {
     // Anchor 1: slot 0 (x[2]) trains, slot 1 (x[3]) is masked, so slot 2 is cut off.
     // Anchor 4: slot 0 (x[5]) trains, slot 1 would be x[6], past the end.
     const std::vector<double> want = {1, 0, 0, 1, 0, 0};
-    EXPECT_TRUE(torch::allclose(weights.view({-1}), torch::tensor(want, torch::kFloat64), 0,
-                                1e-15))
+    EXPECT_TRUE(torch::allclose(weights.view({-1}), torch::tensor(want, torch::kFloat64), 0, 1e-15))
         << weights;
   }
   {

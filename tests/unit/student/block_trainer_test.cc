@@ -4,11 +4,11 @@
 #include <cmath>
 #include <iostream>
 
-#include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/jobspec/job_spec.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "student/block_export.h"
 #include "student/student_commands.h"
 #include "student/trainer.h"
@@ -105,8 +105,7 @@ class BlockTrainerTest : public ::testing::Test {
     double diff = 0;
     for (size_t i = 0; i < a.parameters().size(); ++i) {
       diff = std::max(
-          diff,
-          (a.parameters()[i].second - b.parameters()[i].second).abs().max().item<double>());
+          diff, (a.parameters()[i].second - b.parameters()[i].second).abs().max().item<double>());
     }
     return diff;
   }
@@ -179,8 +178,8 @@ TEST_P(BlockTrainerKindTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
   EXPECT_EQ((*resumed)->step(), 5);
   ASSERT_TRUE((*resumed)->Run().ok());
   for (size_t i = 0; i < (*straight)->parameters().size(); ++i) {
-    EXPECT_TRUE(torch::equal((*straight)->parameters()[i].second,
-                             (*resumed)->parameters()[i].second))
+    EXPECT_TRUE(
+        torch::equal((*straight)->parameters()[i].second, (*resumed)->parameters()[i].second))
         << (*straight)->parameters()[i].first;
   }
   EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
@@ -198,12 +197,12 @@ TEST_P(BlockTrainerKindTest, LearnsTheFirstDraftedTokenAndEvaluates) {
   config.lr = 5e-3;
   auto trainer = Trainer::Create(config, 0, 1, {});
   ASSERT_TRUE(trainer.ok()) << trainer.status();
-  auto untrained = EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 1, 0,
-                                 torch::kFloat32);
+  auto untrained =
+      EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 1, 0, torch::kFloat32);
   ASSERT_TRUE(untrained.ok()) << untrained.status();
   ASSERT_TRUE((*trainer)->Run().ok());
-  auto trained = EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 1, 0,
-                               torch::kFloat32);
+  auto trained =
+      EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 1, 0, torch::kFloat32);
   ASSERT_TRUE(trained.ok()) << trained.status();
   // The first drafted token: DFlash's slot 1, DSpark's slot 0.
   const size_t first = GetParam() == BlockDraftKind::kDFlash ? 1 : 0;
@@ -234,8 +233,7 @@ TEST_P(BlockTrainerKindTest, ExportsAndEvaluatesCheckpointsAndExports) {
   EXPECT_EQ(exported->options.target_layer_ids, (std::vector<int64_t>{1, 4}));
 
   // Evaluating the checkpoint equals evaluating the trained draft in memory.
-  auto own = EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 0, 0,
-                           torch::kFloat32);
+  auto own = EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 0, 0, torch::kFloat32);
   ASSERT_TRUE(own.ok()) << own.status();
   auto line = EvaluateCheckpoint(dir.Join("checkpoints"), dir_->Join("store"), 0, 0);
   ASSERT_TRUE(line.ok()) << line.status();
@@ -391,8 +389,8 @@ TEST_F(BlockTrainerTest, TwentyStepsUnderCpTrackCp1) {
         EXPECT_EQ(absl::StrFormat("%.4f", got.acc_k[k]), absl::StrFormat("%.4f", want.acc_k[k]))
             << c << " slot " << k;
       }
-      std::cout << BlockDraftKindName(kind) << " " << c << ": step 20 loss " << got.loss
-                << " vs " << want.loss << "\n";
+      std::cout << BlockDraftKindName(kind) << " " << c << ": step 20 loss " << got.loss << " vs "
+                << want.loss << "\n";
     }
   }
 }
@@ -400,9 +398,11 @@ TEST_F(BlockTrainerTest, TwentyStepsUnderCpTrackCp1) {
 TEST_F(BlockTrainerTest, AJobSpecTrainsADSparkDraft) {
   const std::string yaml = absl::StrCat(R"(
 data:
-  store: )", dir_->Join("store"), R"(
+  store: )",
+                                        dir_->Join("store"), R"(
 model:
-  target: )", dir_->Join("target"), R"(
+  target: )",
+                                        dir_->Join("target"), R"(
   draft:
     type: dspark
     block_size: 3

@@ -375,9 +375,8 @@ TEST(JobConfigTest, TheDsparkExampleInTheDocsIsValid) {
 
 TEST(JobConfigTest, BlockDraftsTakeContextParallelismInEveryMode) {
   for (const char* type : {"dflash", "dspark"}) {
-    for (const char* parallel :
-         {"cp_size: 2", "cp_size: 4\n  cp_mode: ulysses",
-          "cp_size: 4\n  cp_mode: usp\n  ulysses_degree: 2"}) {
+    for (const char* parallel : {"cp_size: 2", "cp_size: 4\n  cp_mode: ulysses",
+                                 "cp_size: 4\n  cp_mode: usp\n  ulysses_degree: 2"}) {
       auto spec = ParseJobSpecYaml(
           absl::StrReplaceAll(BlockSpec(type), {{"cp_size: 1\n  cp_mode: ring", parallel}}));
       ASSERT_TRUE(spec.ok()) << type << " " << parallel << ": " << spec.status();
@@ -592,7 +591,7 @@ TEST(JobConfigTest, AnAliasBombIsRefusedBeforeItExpands) {
 // characters YAML does not allow are refused up front, naming where.
 TEST(JobConfigTest, ControlCharactersAreRefusedNamingTheLineAndColumn) {
   for (const std::string& bad : {std::string("\0_", 2), std::string("\0", 1), std::string("\x01"),
-                                std::string("\x1b"), std::string("\x7f")}) {
+                                 std::string("\x1b"), std::string("\x7f")}) {
     const std::string text = Edit("dir: /export", "dir: /exp" + bad + "ort");
     auto spec = ParseJobSpecYaml(text);
     ASSERT_FALSE(spec.ok());
