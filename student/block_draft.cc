@@ -415,10 +415,12 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
 
     // The heads and the loss, a chunk of blocks at a time. Each chunk's
     // loss is differentiated at once (torch::autograd::grad) with respect to
-    // its rows of the final hidden state and the heads' masters; the sums
-    // then reach the parameters through one surrogate term in
-    // weighted_loss, so that every parameter receives its gradient exactly
-    // once per backward (the DDP reducer's hooks count on it).
+    // its rows of the final hidden state and to detached copies of the
+    // heads' masters; the sums then reach the parameters through one
+    // surrogate term in weighted_loss, so that every parameter receives its
+    // gradient exactly once per backward (the DDP reducer's hooks count on
+    // it, and LibTorch 2.x runs a leaf's hooks in autograd::grad too: the
+    // masters themselves must stay out of the chunks' graphs).
     const bool grad = torch::GradMode::is_enabled();
     const torch::Tensor head = lm_head_.to(cd);
     std::vector<std::string> head_names;
@@ -429,12 +431,17 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
         head_names.push_back("confidence_head.proj.bias");
       }
     }
+    std::map<std::string, torch::Tensor> head_leaves;
+    for (const std::string& name : head_names) {
+      head_leaves[name] = parameter(name).detach().requires_grad_(grad);
+    }
+    auto Head = [&](const std::string& name) { return head_leaves.at(name).to(cd); };
     torch::Tensor hidden_grad;
     std::vector<torch::Tensor> head_grads;
     if (grad) {
       hidden_grad = torch::zeros(hn.sizes(), hn.options().dtype(ft));
       for (const std::string& name : head_names) {
-        head_grads.push_back(torch::zeros_like(parameter(name), parameter(name).options()));
+        head_grads.push_back(torch::zeros_like(head_leaves.at(name)));
       }
     }
     const torch::Tensor denominator =
@@ -461,10 +468,10 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
         // Teacher forcing: slot k's previous token is x[a+k].
         const torch::Tensor prev = batch.input_ids.gather(
             1, positions.narrow(1, j0 * bs, rows).clamp(0, std::max<int64_t>(ctx_len - 1, 0)));
-        prev_embed = P("markov_head.markov_w1.weight")
+        prev_embed = Head("markov_head.markov_w1.weight")
                          .index_select(0, prev.reshape({-1}))
                          .view({b, rows, -1});
-        logits = logits + torch::linear(prev_embed, P("markov_head.markov_w2.weight")).to(ft);
+        logits = logits + torch::linear(prev_embed, Head("markov_head.markov_w2.weight")).to(ft);
       }
       torch::Tensor logp = torch::log_softmax(logits, -1);
       torch::Tensor term = -logp.gather(-1, label.unsqueeze(-1)).squeeze(-1);
@@ -484,8 +491,8 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
         term = o.ce_weight * term + o.l1_weight * l1;
         if (o.confidence_head) {
           torch::Tensor feature = o.confidence_with_markov ? torch::cat({hc, prev_embed}, -1) : hc;
-          confidence = torch::linear(feature, P("confidence_head.proj.weight"),
-                                     P("confidence_head.proj.bias"))
+          confidence = torch::linear(feature, Head("confidence_head.proj.weight"),
+                                     Head("confidence_head.proj.bias"))
                            .squeeze(-1)
                            .to(ft);
           target = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0);
@@ -497,7 +504,7 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
       loss_sum += chunk_sum.detach().to(torch::kFloat64);
       if (grad) {
         std::vector<torch::Tensor> inputs = {hc};
-        for (const std::string& name : head_names) inputs.push_back(parameter(name));
+        for (const std::string& name : head_names) inputs.push_back(head_leaves.at(name));
         std::vector<torch::Tensor> grads =
             torch::autograd::grad({chunk_sum / denominator}, inputs, {}, /*retain_graph=*/false,
                                   /*create_graph=*/false, /*allow_unused=*/true);
