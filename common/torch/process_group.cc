@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/host.h"
+#include "common/logging.h"
 #include "common/net_address.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
@@ -25,6 +27,9 @@ namespace {
 constexpr char kJoinPrefix[] = "specstream/join/";
 constexpr char kJoinErrors[] = "specstream/join/errors";
 constexpr char kJoinDone[] = "specstream/join/failed-and-read";
+
+constexpr char kGlooPrefix[] = "specstream/gloo/";
+constexpr int kGlooConnectAttempts = 3;
 
 std::string JoinKey(int rank) { return absl::StrCat(kJoinPrefix, rank); }
 std::string JoinErrorKey(int rank) { return absl::StrCat(kJoinPrefix, "error/", rank); }
@@ -160,6 +165,41 @@ absl::Status JoinBarrier(c10d::Store& store, const RendezvousOptions& o, const s
   return absl::DeadlineExceededError(status.message());
 }
 
+// Publishes this rank's outcome of a collective step under `prefix` and
+// reads every rank's: "" when all succeeded, else the first failure (with
+// its rank). An error only when the others' outcomes do not arrive within
+// the group's timeout. The outcome is the key's name (".../ok/<rank>" or
+// ".../failed/<rank>"), polled with check: LibTorch 1.13's TCPStore takes
+// ~0.2 s for a get, and only a failure's message is read.
+absl::StatusOr<std::string> AgreeOnOutcome(c10d::Store& store, const RendezvousOptions& o,
+                                           const std::string& prefix, const absl::Status& mine) {
+  auto key = [&](bool ok, int rank) { return absl::StrCat(prefix, ok ? "ok/" : "failed/", rank); };
+  std::string failure;
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  absl::Status reached = CatchTorch(
+      absl::StrCat("rank ", o.rank, " cannot read the other ranks' Gloo connect outcomes"), [&] {
+        const std::string text(mine.message());
+        store.set(key(mine.ok(), o.rank), std::vector<uint8_t>(text.begin(), text.end()));
+        for (int r = 0; r < o.world_size; ++r) {
+          while (!store.check({key(true, r)})) {
+            if (store.check({key(false, r)})) {
+              if (failure.empty()) {
+                failure = absl::StrCat("rank ", r, ": ", ToText(store.get(key(false, r))));
+              }
+              break;
+            }
+            if (std::chrono::steady_clock::now() >= deadline) {
+              throw std::runtime_error(
+                  absl::StrCat("rank ", r, " did not report within ", Seconds(o.timeout)));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+        }
+      });
+  if (!reached.ok()) return absl::UnavailableError(reached.message());
+  return failure;
+}
+
 }  // namespace
 
 std::string InterfaceOf(const std::string& address) {
@@ -243,15 +283,28 @@ absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(const RendezvousOptions& opti
     return absl::UnavailableError(status.message());
   }
   RETURN_IF_ERROR(JoinBarrier(*store, options, absl::StrCat(host, ", ", *local), deadline));
-  status = CatchTorch(absl::StrCat("Gloo group rank ", options.rank, " on ", *local), [&] {
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create();
-    gloo_options->timeout = options.timeout;
-    gloo_options->devices.push_back(device);
-    handle.group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank,
-                                                               options.world_size, gloo_options);
-  });
-  if (!status.ok()) return absl::UnavailableError(status.message());
-  return handle;
+  // Gloo's full-mesh connect on LibTorch 2.x now and then sees a peer close a
+  // connection while the mesh forms (seen on loopback under a loaded CI
+  // host). Every rank retries together: each attempt connects under its own
+  // key prefix, and each rank publishes its outcome and reads all the others'
+  // before it decides, so no rank ever retries (or gives up) alone.
+  for (int attempt = 1;; ++attempt) {
+    const std::string prefix = absl::StrCat(kGlooPrefix, attempt, "/");
+    status = CatchTorch(absl::StrCat("Gloo group rank ", options.rank, " on ", *local), [&] {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create();
+      gloo_options->timeout = options.timeout;
+      gloo_options->devices.push_back(device);
+      handle.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>(prefix + "mesh", store), options.rank,
+          options.world_size, gloo_options);
+    });
+    ASSIGN_OR_RETURN(std::string failure, AgreeOnOutcome(*store, options, prefix, status));
+    if (failure.empty()) return handle;
+    handle.group.reset();
+    if (attempt == kGlooConnectAttempts) return absl::UnavailableError(failure);
+    spdlog::warn("Gloo connect attempt {} of {} failed ({}); every rank retries", attempt,
+                 kGlooConnectAttempts, failure);
+  }
 }
 
 #if !SPECSTREAM_WITH_TORCH_NCCL

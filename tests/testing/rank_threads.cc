@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/torch/process_group.h"
 
 namespace specstream::testing {
@@ -42,10 +43,16 @@ absl::Status RunOnRankHandles(
     });
   }
   for (auto& t : threads) t.join();
-  for (const absl::Status& s : statuses) {
-    if (!s.ok()) return s;
+  // Every failing rank is named: the first failure is often a consequence.
+  std::string failures;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  for (int rank = 0; rank < world; ++rank) {
+    if (statuses[rank].ok()) continue;
+    if (code == absl::StatusCode::kOk) code = statuses[rank].code();
+    absl::StrAppend(&failures, failures.empty() ? "" : "; ", "rank ", rank, ": ",
+                    statuses[rank].message());
   }
-  return absl::OkStatus();
+  return code == absl::StatusCode::kOk ? absl::OkStatus() : absl::Status(code, failures);
 }
 
 }  // namespace specstream::testing
