@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <vector>
+
+#include "student/ring_hop.h"
 
 namespace specstream::student {
 namespace {
@@ -73,13 +77,95 @@ torch::Tensor ContextScores(const torch::Tensor& qf, const torch::Tensor& kcb,
   return s;
 }
 
+// The running softmax of one chunk of query rows: max, sum and the
+// unnormalised output, all [B, Hkv, rows(, D)] in the compute type.
+struct ChunkState {
+  torch::Tensor m, l, acc;
+};
+
+// Where the context keys a pass reads sit: rows [0, length) of `kv`
+// ([2, B, Hkv, length, D]: keys, values) hold global positions [offset,
+// offset + length).
+struct KeySpan {
+  const torch::Tensor& kv;
+  int64_t offset, length;
+};
+
+// The keys of `span` below each chunk's largest limit, merged into the
+// chunks' running softmax in key blocks of `key_block`.
+void ContextForward(const torch::Tensor& q6, const KeySpan& span, const std::vector<Chunk>& chunks,
+                    const torch::Tensor& limit_dev, double scale, int64_t key_block,
+                    const Dims& dims, torch::ScalarType ct, std::vector<ChunkState>& states) {
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const Chunk& c = chunks[ci];
+    const int64_t end = std::min(span.offset + span.length, c.max_limit);
+    if (end <= span.offset) continue;
+    const int64_t rows = dims.group * c.nc * dims.bs;
+    torch::Tensor qf =
+        q6.narrow(3, c.j0, c.nc).to(ct).reshape({dims.batch, dims.kv_heads, rows, dims.d});
+    const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
+    ChunkState& st = states[ci];
+    for (int64_t ks = span.offset; ks < end; ks += key_block) {
+      const int64_t lk = std::min(key_block, end - ks);
+      torch::Tensor kcb = span.kv[0].narrow(2, ks - span.offset, lk).to(ct);
+      torch::Tensor vcb = span.kv[1].narrow(2, ks - span.offset, lk).to(ct);
+      torch::Tensor s = ContextScores(qf, kcb, chunk_limit, c, ks, lk, scale, dims);
+      torch::Tensor m_new = torch::maximum(st.m, s.amax(-1));
+      torch::Tensor alpha = (st.m - m_new).exp_();
+      torch::Tensor pc = (s - m_new.unsqueeze(-1)).exp_();
+      st.l.mul_(alpha).add_(pc.sum(-1));
+      st.acc.mul_(alpha.unsqueeze(-1)).add_(torch::matmul(pc, vcb));
+      st.m = m_new;
+    }
+  }
+}
+
+// Per chunk, what the backward's context passes read and accumulate.
+struct ChunkGrad {
+  torch::Tensor qf, dof, lsef, deltaf, dq;  // dq: [B, Hkv, rows, D], unscaled
+};
+
+// The gradients of the keys of `span` (into dkv, [2, B, Hkv, length, D] in
+// the compute type) and of the chunks' queries (into each ChunkGrad::dq).
+void ContextBackward(const KeySpan& span, const std::vector<Chunk>& chunks,
+                     const torch::Tensor& limit_dev, double scale, int64_t key_block,
+                     const Dims& dims, torch::ScalarType ct, std::vector<ChunkGrad>& grads,
+                     torch::Tensor& dkv) {
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const Chunk& c = chunks[ci];
+    const int64_t end = std::min(span.offset + span.length, c.max_limit);
+    if (end <= span.offset) continue;
+    ChunkGrad& g = grads[ci];
+    const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
+    for (int64_t ks = span.offset; ks < end; ks += key_block) {
+      const int64_t lk = std::min(key_block, end - ks), at = ks - span.offset;
+      torch::Tensor kcb = span.kv[0].narrow(2, at, lk).to(ct);
+      torch::Tensor vcb = span.kv[1].narrow(2, at, lk).to(ct);
+      torch::Tensor p =
+          ContextScores(g.qf, kcb, chunk_limit, c, ks, lk, scale, dims).sub_(g.lsef).exp_();
+      dkv[1].narrow(2, at, lk).add_(torch::matmul(p.transpose(-1, -2), g.dof));
+      torch::Tensor ds = torch::matmul(g.dof, vcb.transpose(-1, -2)).sub_(g.deltaf).mul_(p);
+      g.dq.add_(torch::matmul(ds, kcb));
+      dkv[0].narrow(2, at, lk).add_(torch::matmul(ds.transpose(-1, -2), g.qf), scale);
+    }
+  }
+}
+
+// Without a group the context is local (offset 0). With one, each rank holds
+// a shard of `length` keys at offset rank·length, and the shards go round
+// the ring (cp - 1 hops, each overlapped with the pass over the shard at
+// hand). Tags: forward hops [tag_base, tag_base + cp), backward K/V hops
+// [tag_base + cp, tag_base + 2cp), backward dK/dV hops [tag_base + 2cp,
+// tag_base + 3cp). The backward's dK/dV accumulator travels with its shard
+// and reaches the owner after a full cycle.
 class BlockAttentionFunction final : public torch::autograd::Function<BlockAttentionFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& kc, const torch::Tensor& vc,
                                const torch::Tensor& kb, const torch::Tensor& vb,
                                const torch::Tensor& limit, int64_t block_size, double scale,
-                               int64_t query_rows, int64_t key_block) {
+                               int64_t query_rows, int64_t key_block, CommGroup* group,
+                               int64_t tag_base) {
     const Dims dims = DimsOf(q, kc, block_size);
     const torch::ScalarType ct = ComputeType(q.scalar_type());
     const torch::Tensor limit_dev = limit.to(q.device());
@@ -87,46 +173,57 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
         q.reshape({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
     const torch::Tensor kb5 = kb.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
     const torch::Tensor vb5 = vb.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
+    const std::vector<Chunk> chunks = Chunks(dims, limit, query_rows);
+
+    // Own block first: every row sees it, so the running max is finite
+    // before any (possibly fully hidden) context block.
+    std::vector<ChunkState> states;
+    for (const Chunk& c : chunks) {
+      const int64_t rows = dims.group * c.nc * dims.bs;
+      torch::Tensor qc = q6.narrow(3, c.j0, c.nc).to(ct);
+      torch::Tensor kbc = kb5.narrow(2, c.j0, c.nc).to(ct);
+      torch::Tensor vbc = vb5.narrow(2, c.j0, c.nc).to(ct);
+      torch::Tensor sb = torch::einsum("bhgnid,bhnjd->bhgnij", {qc, kbc}).mul_(scale);
+      torch::Tensor m = std::get<0>(sb.max(-1));
+      torch::Tensor p = (sb - m.unsqueeze(-1)).exp_();
+      states.push_back({m.reshape({dims.batch, dims.kv_heads, rows}),
+                        p.sum(-1).reshape({dims.batch, dims.kv_heads, rows}),
+                        torch::einsum("bhgnij,bhnjd->bhgnid", {p, vbc})
+                            .reshape({dims.batch, dims.kv_heads, rows, dims.d})});
+    }
+
+    const int rank = group != nullptr ? group->getRank() : 0;
+    const int cp = group != nullptr ? group->getSize() : 1;
+    torch::Tensor kv = torch::stack({kc, vc});  // one message per hop, in the input dtype
+    for (int s = 0; s < cp; ++s) {
+      const int src = (rank - s + cp) % cp;  // owner of the shard held at hop s
+      torch::Tensor next;
+      std::unique_ptr<RingHop> hop;
+      if (s + 1 < cp) {
+        next = torch::empty_like(kv);
+        hop = std::make_unique<RingHop>(*group, kv, next, static_cast<int>(tag_base + s));
+      }
+      ContextForward(q6, KeySpan{kv, src * dims.context, dims.context}, chunks, limit_dev, scale,
+                     key_block, dims, ct, states);
+      if (hop) {
+        hop->Wait();
+        kv = next;
+      }
+    }
+
     torch::Tensor out = torch::empty_like(q, torch::MemoryFormat::Contiguous);
     torch::Tensor lse = torch::empty({dims.batch, dims.q_heads, dims.rows}, q.options().dtype(ct));
     torch::Tensor out6 =
         out.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
     torch::Tensor lse5 = lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
-
-    for (const Chunk& c : Chunks(dims, limit, query_rows)) {
-      const int64_t rows = dims.group * c.nc * dims.bs;
-      const std::vector<int64_t> shape6 = {dims.batch, dims.kv_heads, dims.group,
-                                           c.nc,       dims.bs,       dims.d};
-      torch::Tensor qc = q6.narrow(3, c.j0, c.nc).to(ct);
-      torch::Tensor qf = qc.reshape({dims.batch, dims.kv_heads, rows, dims.d});
-      torch::Tensor kbc = kb5.narrow(2, c.j0, c.nc).to(ct);
-      torch::Tensor vbc = vb5.narrow(2, c.j0, c.nc).to(ct);
-      // Own block first: every row sees it, so the running max is finite
-      // before any (possibly fully hidden) context block.
-      torch::Tensor sb = torch::einsum("bhgnid,bhnjd->bhgnij", {qc, kbc}).mul_(scale);
-      torch::Tensor m = std::get<0>(sb.max(-1));
-      torch::Tensor p = (sb - m.unsqueeze(-1)).exp_();
-      torch::Tensor l = p.sum(-1).reshape({dims.batch, dims.kv_heads, rows});
-      torch::Tensor acc = torch::einsum("bhgnij,bhnjd->bhgnid", {p, vbc})
-                              .reshape({dims.batch, dims.kv_heads, rows, dims.d});
-      m = m.reshape({dims.batch, dims.kv_heads, rows});
-
-      const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
-      for (int64_t ks = 0; ks < c.max_limit; ks += key_block) {
-        const int64_t lk = std::min(key_block, c.max_limit - ks);
-        torch::Tensor kcb = kc.narrow(2, ks, lk).to(ct);
-        torch::Tensor vcb = vc.narrow(2, ks, lk).to(ct);
-        torch::Tensor s = ContextScores(qf, kcb, chunk_limit, c, ks, lk, scale, dims);
-        torch::Tensor m_new = torch::maximum(m, s.amax(-1));
-        torch::Tensor alpha = (m - m_new).exp_();
-        torch::Tensor pc = (s - m_new.unsqueeze(-1)).exp_();
-        l.mul_(alpha).add_(pc.sum(-1));
-        acc.mul_(alpha.unsqueeze(-1)).add_(torch::matmul(pc, vcb));
-        m = m_new;
-      }
-      out6.narrow(3, c.j0, c.nc).copy_((acc / l.unsqueeze(-1)).view(shape6));
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const Chunk& c = chunks[ci];
+      const ChunkState& st = states[ci];
+      out6.narrow(3, c.j0, c.nc)
+          .copy_((st.acc / st.l.unsqueeze(-1))
+                     .view({dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs, dims.d}));
       lse5.narrow(3, c.j0, c.nc)
-          .copy_((m + l.log()).view({dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs}));
+          .copy_((st.m + st.l.log()).view({dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs}));
     }
 
     ctx->save_for_backward({q, kc, vc, kb, vb, limit, out, lse});
@@ -134,6 +231,8 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["query_rows"] = query_rows;
     ctx->saved_data["key_block"] = key_block;
+    ctx->saved_data["tag_base"] = tag_base;
+    if (group != nullptr) ctx->saved_data["group"] = GroupCapsule(*group);
     return out;
   }
 
@@ -145,9 +244,13 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t query_rows = ctx->saved_data["query_rows"].toInt();
     const int64_t key_block = ctx->saved_data["key_block"].toInt();
+    const int64_t tag_base = ctx->saved_data["tag_base"].toInt();
+    CommGroup* group =
+        ctx->saved_data.count("group") != 0 ? &GroupFromCapsule(ctx->saved_data["group"]) : nullptr;
     const Dims dims = DimsOf(q, kc, block_size);
     const torch::ScalarType ct = ComputeType(q.scalar_type());
     const torch::Tensor limit_dev = limit.to(q.device());
+    const std::vector<Chunk> chunks = Chunks(dims, limit, query_rows);
 
     auto as6 = [&](const torch::Tensor& x) {
       return x.reshape({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
@@ -160,30 +263,23 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     const torch::Tensor lse5 =
         lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
 
-    torch::Tensor dq = torch::empty_like(q, torch::MemoryFormat::Contiguous);
     torch::Tensor dkb = torch::empty_like(kb, torch::MemoryFormat::Contiguous);
     torch::Tensor dvb = torch::empty_like(vb, torch::MemoryFormat::Contiguous);
-    // Every chunk reads the context keys before its limits: accumulate.
-    torch::Tensor dkc = torch::zeros(kc.sizes(), kc.options().dtype(ct));
-    torch::Tensor dvc = torch::zeros(vc.sizes(), vc.options().dtype(ct));
-    torch::Tensor dq6 = as6(dq), dkb5 = as5(dkb), dvb5 = as5(dvb);
+    torch::Tensor dkb5 = as5(dkb), dvb5 = as5(dvb);
 
-    for (const Chunk& c : Chunks(dims, limit, query_rows)) {
+    // Own block: each block's keys are seen by its own rows only, so their
+    // gradients are written once (summed over the group's query heads).
+    std::vector<ChunkGrad> grads;
+    for (const Chunk& c : chunks) {
       const int64_t rows = dims.group * c.nc * dims.bs;
-      const std::vector<int64_t> shape6 = {dims.batch, dims.kv_heads, dims.group,
-                                           c.nc,       dims.bs,       dims.d};
       const std::vector<int64_t> flat = {dims.batch, dims.kv_heads, rows, dims.d};
       torch::Tensor qc = q6.narrow(3, c.j0, c.nc).to(ct);
       torch::Tensor doc = do6.narrow(3, c.j0, c.nc).to(ct);
-      torch::Tensor qf = qc.reshape(flat), dof = doc.reshape(flat);
       torch::Tensor lsec = lse5.narrow(3, c.j0, c.nc);  // [B, Hkv, G, nc, bs]
       // Δ = rowsum(dO ∘ O), the softmax-Jacobian correction.
       torch::Tensor delta = (doc * out6.narrow(3, c.j0, c.nc).to(ct)).sum(-1);  // [B,Hkv,G,nc,bs]
       torch::Tensor kbc = kb5.narrow(2, c.j0, c.nc).to(ct);
       torch::Tensor vbc = vb5.narrow(2, c.j0, c.nc).to(ct);
-
-      // Own block: each block's keys are seen by its own rows only, so their
-      // gradients are written once (summed over the group's query heads).
       torch::Tensor pb = torch::einsum("bhgnid,bhnjd->bhgnij", {qc, kbc})
                              .mul_(scale)
                              .sub_(lsec.unsqueeze(-1))
@@ -191,46 +287,73 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
       dvb5.narrow(2, c.j0, c.nc).copy_(torch::einsum("bhgnij,bhgnid->bhnjd", {pb, doc}));
       torch::Tensor dsb =
           torch::einsum("bhgnid,bhnjd->bhgnij", {doc, vbc}).sub_(delta.unsqueeze(-1)).mul_(pb);
-      torch::Tensor dqc = torch::einsum("bhgnij,bhnjd->bhgnid", {dsb, kbc}).reshape(flat);
       dkb5.narrow(2, c.j0, c.nc)
           .copy_(torch::einsum("bhgnij,bhgnid->bhnjd", {dsb, qc}).mul_(scale));
-
-      const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
-      const torch::Tensor lsef = lsec.reshape({dims.batch, dims.kv_heads, rows, 1});
-      const torch::Tensor deltaf = delta.reshape({dims.batch, dims.kv_heads, rows, 1});
-      for (int64_t ks = 0; ks < c.max_limit; ks += key_block) {
-        const int64_t lk = std::min(key_block, c.max_limit - ks);
-        torch::Tensor kcb = kc.narrow(2, ks, lk).to(ct);
-        torch::Tensor vcb = vc.narrow(2, ks, lk).to(ct);
-        torch::Tensor p =
-            ContextScores(qf, kcb, chunk_limit, c, ks, lk, scale, dims).sub_(lsef).exp_();
-        dvc.narrow(2, ks, lk).add_(torch::matmul(p.transpose(-1, -2), dof));
-        torch::Tensor ds = torch::matmul(dof, vcb.transpose(-1, -2)).sub_(deltaf).mul_(p);
-        dqc.add_(torch::matmul(ds, kcb));
-        dkc.narrow(2, ks, lk).add_(torch::matmul(ds.transpose(-1, -2), qf), scale);
-      }
-      dq6.narrow(3, c.j0, c.nc).copy_(dqc.mul_(scale).view(shape6));
+      grads.push_back({qc.reshape(flat), doc.reshape(flat),
+                       lsec.reshape({dims.batch, dims.kv_heads, rows, 1}),
+                       delta.reshape({dims.batch, dims.kv_heads, rows, 1}),
+                       torch::einsum("bhgnij,bhnjd->bhgnid", {dsb, kbc}).reshape(flat)});
     }
-    // One gradient per forward argument (limit and the scalars get none).
+
+    const int rank = group != nullptr ? group->getRank() : 0;
+    const int cp = group != nullptr ? group->getSize() : 1;
+    torch::Tensor kv = torch::stack({kc, vc});
+    // After hop s the accumulator holds the contributions of ranks src..src+s
+    // to shard src's keys; the last hop hands it to its owner.
+    torch::Tensor dkv = torch::zeros(kv.sizes(), kv.options().dtype(ct));
+    for (int s = 0; s < cp; ++s) {
+      const int src = (rank - s + cp) % cp;
+      torch::Tensor next;
+      std::unique_ptr<RingHop> kv_hop;
+      if (s + 1 < cp) {
+        next = torch::empty_like(kv);
+        kv_hop = std::make_unique<RingHop>(*group, kv, next, static_cast<int>(tag_base + cp + s));
+      }
+      ContextBackward(KeySpan{kv, src * dims.context, dims.context}, chunks, limit_dev, scale,
+                      key_block, dims, ct, grads, dkv);
+      if (cp > 1) {
+        torch::Tensor dkv_next = torch::empty_like(dkv);
+        RingHop dkv_hop(*group, dkv, dkv_next, static_cast<int>(tag_base + 2 * cp + s));
+        dkv_hop.Wait();
+        dkv = dkv_next;
+      }
+      if (kv_hop) {
+        kv_hop->Wait();
+        kv = next;
+      }
+    }
+
+    torch::Tensor dq = torch::empty_like(q, torch::MemoryFormat::Contiguous);
+    torch::Tensor dq6 = as6(dq);
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const Chunk& c = chunks[ci];
+      dq6.narrow(3, c.j0, c.nc)
+          .copy_(grads[ci].dq.mul_(scale).view(
+              {dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs, dims.d}));
+    }
+    // One gradient per forward argument (limit, the scalars and the group
+    // get none).
+    const torch::Tensor none;
     return {dq,
-            dkc.to(kc.scalar_type()),
-            dvc.to(vc.scalar_type()),
+            dkv[0].to(kc.scalar_type()),
+            dkv[1].to(vc.scalar_type()),
             dkb,
             dvb,
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor()};
+            none,
+            none,
+            none,
+            none,
+            none,
+            none,
+            none};
   }
 };
 
-}  // namespace
-
-torch::Tensor BlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
-                             const torch::Tensor& vc, const torch::Tensor& kb,
-                             const torch::Tensor& vb, const torch::Tensor& limit,
-                             int64_t block_size, const BlockAttentionOptions& options) {
+// Checks the arguments of both entry points; `context_length` is the
+// length the limits index (the local context, or the whole sharded one).
+torch::Tensor Apply(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& vc,
+                    const torch::Tensor& kb, const torch::Tensor& vb, const torch::Tensor& limit,
+                    int64_t block_size, const BlockAttentionOptions& options, CommGroup* group) {
   TORCH_CHECK(q.dim() == 4, "BlockAttention: q must be [B, Hq, N·bs, D], got ", q.sizes());
   TORCH_CHECK(kc.dim() == 4 && kc.sizes() == vc.sizes(),
               "BlockAttention: kc and vc must both be [B, Hkv, S, D], got ", kc.sizes(), " and ",
@@ -259,15 +382,35 @@ torch::Tensor BlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
                   limit.size(0) == batch && limit.size(1) == rows / block_size,
               "BlockAttention: limit must be a CPU int64 [B, N] = [", batch, ", ",
               rows / block_size, "], got ", limit.sizes());
+  const int64_t context = kc.size(2) * (group != nullptr ? group->getSize() : 1);
   const torch::Tensor lim = limit.contiguous();
   if (lim.numel() > 0) {
-    TORCH_CHECK(lim.min().item<int64_t>() >= 0 && lim.max().item<int64_t>() <= kc.size(2),
-                "BlockAttention: context limits must lie in [0, ", kc.size(2), "]");
+    TORCH_CHECK(lim.min().item<int64_t>() >= 0 && lim.max().item<int64_t>() <= context,
+                "BlockAttention: context limits must lie in [0, ", context, "]");
   }
   TORCH_CHECK(options.query_rows > 0 && options.key_block > 0,
               "BlockAttention: query_rows and key_block must be positive");
+  TORCH_CHECK(options.tag_base >= 0, "BlockAttention: tag_base must be >= 0");
   return BlockAttentionFunction::apply(q, kc, vc, kb, vb, lim, block_size, options.scale,
-                                       options.query_rows, options.key_block);
+                                       options.query_rows, options.key_block, group,
+                                       static_cast<int64_t>(options.tag_base));
+}
+
+}  // namespace
+
+torch::Tensor BlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
+                             const torch::Tensor& vc, const torch::Tensor& kb,
+                             const torch::Tensor& vb, const torch::Tensor& limit,
+                             int64_t block_size, const BlockAttentionOptions& options) {
+  return Apply(q, kc, vc, kb, vb, limit, block_size, options, nullptr);
+}
+
+torch::Tensor RingBlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
+                                 const torch::Tensor& vc, const torch::Tensor& kb,
+                                 const torch::Tensor& vb, const torch::Tensor& limit,
+                                 int64_t block_size, CommGroup& context_group,
+                                 const BlockAttentionOptions& options) {
+  return Apply(q, kc, vc, kb, vb, limit, block_size, options, &context_group);
 }
 
 }  // namespace specstream::student

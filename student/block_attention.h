@@ -23,7 +23,8 @@
 // inputs); the output is cast to q's dtype. GQA as Hugging Face repeat_kv
 // (query head h reads kv head h / (Hq / Hkv)), without repeating K or V.
 //
-// Thread-safety: a pure function of its inputs; autograd as usual.
+// Thread-safety: a pure function of its inputs; autograd as usual (the ring
+// variant: distinct groups from distinct threads).
 #ifndef SPECSTREAM_STUDENT_BLOCK_ATTENTION_H_
 #define SPECSTREAM_STUDENT_BLOCK_ATTENTION_H_
 
@@ -31,12 +32,15 @@
 
 #include <torch/torch.h>
 
+#include "common/torch/compat.h"
+
 namespace specstream::student {
 
 struct BlockAttentionOptions {
   double scale = 1.0;        // usually 1/sqrt(head_dim)
   int64_t query_rows = 256;  // query rows (whole blocks, at least one) per chunk
   int64_t key_block = 256;   // context keys per score block
+  int tag_base = 0;          // RingBlockAttention's p2p tags: [tag_base, tag_base + 3·cp)
 };
 
 // q:      [B, Hq, N·bs, D]   block queries (q_norm and RoPE applied by the caller)
@@ -51,6 +55,24 @@ torch::Tensor BlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
                              const torch::Tensor& vc, const torch::Tensor& kb,
                              const torch::Tensor& vb, const torch::Tensor& limit,
                              int64_t block_size, const BlockAttentionOptions& options);
+
+// The same with the context sharded over a CP group (context parallelism):
+// kc, vc: [B, Hkv, L, D] are this rank's shard, global positions
+// [rank·L, (rank+1)·L) (ShardRange; padding rows at the end of the sequence
+// lie past every limit, so they need no mask); limit holds global positions
+// in [0, cp·L]. The shards travel round the group's ring (cp - 1 hops, each
+// overlapped with the pass over the shard at hand), so no rank ever holds
+// more than two shards; in backward each shard travels again with an fp32
+// dK/dV accumulator that returns to its owner. The result equals
+// BlockAttention over the gathered context (the same sums, taken shard by
+// shard). Collective over `context_group`: every rank calls it, and runs its
+// backward, in the same order with same-shaped arguments; the group is kept
+// alive by the graph until backward.
+torch::Tensor RingBlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
+                                 const torch::Tensor& vc, const torch::Tensor& kb,
+                                 const torch::Tensor& vb, const torch::Tensor& limit,
+                                 int64_t block_size, CommGroup& context_group,
+                                 const BlockAttentionOptions& options);
 
 }  // namespace specstream::student
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/torch/process_group.h"
+#include "student/ring_hop.h"
 #include "student/ttt_attention.h"
 
 namespace specstream::student {
@@ -17,16 +18,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The group travels in the autograd context as a capsule so that the graph
-// keeps it alive until backward. c10d groups are always intrusive_ptr-owned,
-// so reclaiming a counted reference from the raw object is safe.
-c10::IValue GroupCapsule(CommGroup& group) {
-  return c10::IValue::make_capsule(c10::intrusive_ptr<CommGroup>::reclaim_copy(&group));
-}
-
-CommGroup& GroupFrom(AutogradContext* ctx) {
-  return *static_cast<CommGroup*>(ctx->saved_data["group"].toCapsule().get());
-}
+CommGroup& GroupFrom(AutogradContext* ctx) { return GroupFromCapsule(ctx->saved_data["group"]); }
 
 // Two-byte floats are moved (never summed) as their bytes: exact, in the
 // tensor's own width, and every backend moves bytes.
@@ -204,38 +196,6 @@ void BlockBackward(const torch::Tensor& q5, const torch::Tensor& do5, const torc
         .add_(dqb.mul_(scale).view({dims.batch, dims.kv_heads, dims.group, len, dims.d}));
   }
 }
-
-// One ring hop: send `out` to the next rank, receive `in` from the previous
-// one (non-blocking both ways; wait before reusing either buffer). The send
-// and the receive go out as one batch where the backend needs it (NCCL:
-// one group call, as batch_isend_irecv does; separate point-to-point calls
-// there would each wait for their peer, and with cp > 2 the ring would
-// deadlock). Gloo's send and recv are asynchronous already.
-class RingHop final {
- public:
-  RingHop(CommGroup& group, const torch::Tensor& out, torch::Tensor& in, int tag) {
-    const int rank = group.getRank(), cp = group.getSize();
-    send_buffers_ = {out};
-    recv_buffers_ = {in};
-    const bool batch = CoalescesPointToPoint(group);
-    if (batch) StartCoalescing(group);
-    send_ = group.send(send_buffers_, (rank + 1) % cp, tag);
-    recv_ = group.recv(recv_buffers_, (rank + cp - 1) % cp, tag);
-    if (batch) batch_ = EndCoalescing(group);
-  }
-  void Wait() {
-    if (batch_) {
-      batch_->wait();
-      return;
-    }
-    recv_->wait();
-    send_->wait();
-  }
-
- private:
-  std::vector<torch::Tensor> send_buffers_, recv_buffers_;
-  c10::intrusive_ptr<c10d::Work> send_, recv_, batch_;
-};
 
 // Tags: forward K/V hops use [base, base + cp), backward K/V hops
 // [base + cp, base + 2cp), backward dK/dV hops [base + 2cp, base + 3cp).

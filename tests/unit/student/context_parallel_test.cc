@@ -1,7 +1,8 @@
 // Context-parallel primitives: the shard and rank layout (pure functions), the
 // autograd all-gather (the DESIGN's two-rank check and random shapes against
 // the analytic gradient), ring causal attention against full single-process
-// causal attention (forward, lse and every gradient), the Ulysses all-to-all,
+// causal attention (forward, lse and every gradient), ring block attention
+// against BlockAttention over the gathered context, the Ulysses all-to-all,
 // and TTT attention under ring, Ulysses and USP against single-process
 // TttAttention, with cp ranks run as threads, each with its own Gloo groups
 // over one TCPStore.
@@ -21,6 +22,7 @@
 #include "absl/status/status.h"
 #include "common/torch/process_group.h"
 #include "gtest/gtest.h"
+#include "student/block_attention.h"
 #include "student/ttt_attention.h"
 #include "tests/testing/rank_threads.h"
 
@@ -308,6 +310,118 @@ TEST_P(RingCausalAttentionTest, MatchesFullCausalAttention) {
   std::cout << c << ": max |error| out " << e.out << " lse " << e.lse << " dq " << e.dq << " dk "
             << e.dk << " dv " << e.dv << "\n";
   EXPECT_LE(e.Max(), 1e-5) << c;
+}
+
+// ---------------------------------------------------------------------------
+// RingBlockAttention: each rank's own blocks against the sharded context
+// equal BlockAttention over the whole context, in float64; the context's
+// gradient is the sum of every rank's, sliced to the owner's shard.
+
+struct RingBlockCase {
+  int cp;
+  int64_t context, blocks, bs, key_block;
+};
+
+std::ostream& operator<<(std::ostream& os, const RingBlockCase& c) {
+  return os << "cp=" << c.cp << " S=" << c.context << " N=" << c.blocks << " bs=" << c.bs
+            << " key_block=" << c.key_block;
+}
+
+class RingBlockAttentionTest : public ::testing::TestWithParam<RingBlockCase> {};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RingBlockAttentionTest,
+                         ::testing::Values(RingBlockCase{2, 12, 3, 4, 256},
+                                           RingBlockCase{2, 11, 4, 3, 2},
+                                           RingBlockCase{3, 10, 2, 2, 3},
+                                           RingBlockCase{4, 13, 3, 3, 1},
+                                           // shorter than cp: empty trailing shards
+                                           RingBlockCase{4, 3, 2, 2, 256}));
+
+TEST_P(RingBlockAttentionTest, EqualsBlockAttentionOverTheGatheredContext) {
+  const RingBlockCase c = GetParam();
+  const int64_t b = 2, hq = 4, hkv = 2, d = 8, m = c.blocks * c.bs;
+  const int64_t shard = PaddedShardLength(c.context, c.cp), padded = shard * c.cp;
+  torch::manual_seed(c.context * 31 + c.cp);
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  // The context padded to cp shards (zero rows past S, never visible).
+  torch::Tensor kc = torch::zeros({b, hkv, padded, d}, f64);
+  torch::Tensor vc = torch::zeros({b, hkv, padded, d}, f64);
+  kc.narrow(2, 0, c.context).copy_(torch::randn({b, hkv, c.context, d}, f64));
+  vc.narrow(2, 0, c.context).copy_(torch::randn({b, hkv, c.context, d}, f64));
+  struct RankInputs {
+    torch::Tensor q, kb, vb, limit, upstream;
+  };
+  std::vector<RankInputs> in;
+  for (int r = 0; r < c.cp; ++r) {
+    // Limits anywhere in [0, S]: 0 (a dummy or an anchor at 0), S, and
+    // random ones crossing shard edges.
+    torch::Tensor limit = torch::randint(0, c.context + 1, {b, c.blocks}, torch::kInt64);
+    limit.index_put_({0, 0}, 0);
+    limit.index_put_({1, c.blocks - 1}, c.context);
+    in.push_back({torch::randn({b, hq, m, d}, f64), torch::randn({b, hkv, m, d}, f64),
+                  torch::randn({b, hkv, m, d}, f64), limit, torch::randn({b, hq, m, d}, f64)});
+  }
+  BlockAttentionOptions options;
+  options.scale = 0.3;
+  options.query_rows = c.bs;  // one block per chunk: chunks see different shards
+  options.key_block = c.key_block;
+
+  // Reference: every rank's blocks against the whole context, one process.
+  torch::Tensor want_dkc = torch::zeros_like(kc), want_dvc = torch::zeros_like(vc);
+  std::vector<torch::Tensor> want_out(c.cp);
+  std::vector<std::vector<torch::Tensor>> want_grads(c.cp);
+  for (int r = 0; r < c.cp; ++r) {
+    std::vector<torch::Tensor> leaves = {
+        kc.clone().requires_grad_(), vc.clone().requires_grad_(), in[r].q.clone().requires_grad_(),
+        in[r].kb.clone().requires_grad_(), in[r].vb.clone().requires_grad_()};
+    torch::Tensor out = BlockAttention(leaves[2], leaves[0], leaves[1], leaves[3], leaves[4],
+                                       in[r].limit, c.bs, options);
+    std::vector<torch::Tensor> g = torch::autograd::grad({(out * in[r].upstream).sum()}, leaves);
+    want_dkc += g[0];
+    want_dvc += g[1];
+    want_out[r] = out.detach();
+    want_grads[r] = {g[2], g[3], g[4]};
+  }
+
+  std::vector<torch::Tensor> got_out(c.cp);
+  std::vector<std::vector<torch::Tensor>> got_grads(c.cp);
+  const absl::Status status = RunRanks(c.cp, [&](int rank, CommGroup& group) {
+    std::vector<torch::Tensor> leaves = {kc.narrow(2, rank * shard, shard).clone().requires_grad_(),
+                                         vc.narrow(2, rank * shard, shard).clone().requires_grad_(),
+                                         in[rank].q.clone().requires_grad_(),
+                                         in[rank].kb.clone().requires_grad_(),
+                                         in[rank].vb.clone().requires_grad_()};
+    torch::Tensor out = RingBlockAttention(leaves[2], leaves[0], leaves[1], leaves[3], leaves[4],
+                                           in[rank].limit, c.bs, group, options);
+    got_out[rank] = out.detach();
+    got_grads[rank] = torch::autograd::grad({(out * in[rank].upstream).sum()}, leaves);
+  });
+  ASSERT_TRUE(status.ok()) << status;
+  double worst = 0;
+  for (int r = 0; r < c.cp; ++r) {
+    worst = std::max(worst, MaxAbsDiff(got_out[r], want_out[r]));
+    for (int i = 0; i < 3; ++i) {
+      worst = std::max(worst, MaxAbsDiff(got_grads[r][i + 2], want_grads[r][i]));
+    }
+    worst = std::max(worst, MaxAbsDiff(got_grads[r][0], want_dkc.narrow(2, r * shard, shard)));
+    worst = std::max(worst, MaxAbsDiff(got_grads[r][1], want_dvc.narrow(2, r * shard, shard)));
+  }
+  std::cout << "ring block attention " << c << ": max abs error " << worst << "\n";
+  EXPECT_LE(worst, 1e-12);
+}
+
+TEST(RingBlockAttentionShapeTest, RefusesLimitsPastTheShardedContext) {
+  const absl::Status status = RunRanks(2, [&](int, CommGroup& group) {
+    torch::Tensor q = torch::randn({1, 2, 4, 4}), kc = torch::randn({1, 1, 3, 4});
+    torch::Tensor kb = torch::randn({1, 1, 4, 4});
+    BlockAttentionOptions options;
+    // Two shards of 3: limits up to 6 are in range, 7 is not.
+    EXPECT_NO_THROW(
+        RingBlockAttention(q, kc, kc, kb, kb, torch::tensor({{0, 6}}), 2, group, options));
+    EXPECT_THROW(RingBlockAttention(q, kc, kc, kb, kb, torch::tensor({{0, 7}}), 2, group, options),
+                 c10::Error);
+  });
+  ASSERT_TRUE(status.ok()) << status;
 }
 
 // ---------------------------------------------------------------------------
