@@ -8,6 +8,7 @@
 #include "common/block_draft.h"
 #include "common/safetensors.h"
 #include "common/status.h"
+#include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"
 #include "student/block_attention.h"
 #include "student/context_parallel.h"
@@ -367,21 +368,46 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
     auto [cos_b, sin_b] = rotary_->CosSin(positions.view({-1}), cd);
     cos_b = cos_b.view({b, 1, m, D});
     sin_b = sin_b.view({b, 1, m, D});
-    auto [cos_c, sin_c] = rotary_->CosSin(torch::arange(ctx_len, anchor.options()), cd);
+    // Under CP the context stays sharded: this rank's rows are global
+    // positions [rank·L, (rank+1)·L), and RingBlockAttention passes the
+    // shards' keys and values round the CP group.
+    const int64_t shard_len = batch.aux_hidden.size(1);
+    const int64_t shard_begin = cp_group != nullptr ? cp_group->getRank() * shard_len : 0;
+    auto [cos_c, sin_c] =
+        rotary_->CosSin(torch::arange(shard_begin, shard_begin + shard_len, anchor.options()), cd);
     // Dummy blocks see no context.
     const torch::Tensor limit = anchors.anchors * anchors.keep.to(torch::kInt64);
     BlockAttentionOptions attention;
     attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
-
-    // Projected before any exchange: H per token travels, not n·H.
-    torch::Tensor context = nn::RmsNorm(torch::linear(batch.aux_hidden.to(cd), P("fc.weight")),
-                                        P("hidden_norm.weight"), eps);
-    torch::Tensor last_hidden = batch.last_hidden;
-    if (cp_group != nullptr) {
-      context = SequenceAllGather(context.contiguous(), *cp_group);
-      if (dspark) {
-        torch::NoGradGuard no_grad;
-        last_hidden = SequenceAllGather(last_hidden.contiguous(), *cp_group);
+    const torch::Tensor context = nn::RmsNorm(
+        torch::linear(batch.aux_hidden.to(cd), P("fc.weight")), P("hidden_norm.weight"), eps);
+    // DSpark's teacher rows [B, m, H]: last_hidden at each slot's position
+    // (clamped; rows past the sequence carry no weight). Under CP a slot's
+    // row may live on any rank: every rank fills, for every rank's slots
+    // (the positions are all-gathered), the rows its shard holds and zeros
+    // elsewhere, and a sum over the group completes them, so the exchange
+    // is O(slots·H) rather than the whole sequence's O(S·H).
+    torch::Tensor teacher_rows;
+    if (dspark) {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor at = positions.clamp(0, std::max<int64_t>(ctx_len - 1, 0));
+      auto rows_at = [&](const torch::Tensor& index) {
+        return batch.last_hidden.gather(
+            1, index.unsqueeze(-1).expand({b, index.size(1), batch.last_hidden.size(2)}));
+      };
+      if (cp_group == nullptr) {
+        teacher_rows = rows_at(at);
+      } else {
+        const torch::Tensor local = SequenceAllGather(at.contiguous(), *cp_group) - shard_begin;
+        const torch::Tensor mine = ((local >= 0) & (local < shard_len)).unsqueeze(-1);
+        torch::Tensor all_rows =
+            shard_len == 0
+                ? torch::zeros({b, local.size(1), H}, batch.last_hidden.options().dtype(ft))
+                : torch::where(mine, rows_at(local.clamp(0, shard_len - 1)).to(ft),
+                               torch::zeros({}, batch.last_hidden.options().dtype(ft)));
+        const absl::Status summed = AllReduceSum(*cp_group, all_rows);
+        TORCH_CHECK(summed.ok(), "block draft forward: ", summed.ToString());
+        teacher_rows = all_rows.narrow(1, cp_group->getRank() * m, m);
       }
     }
     for (int64_t i = 0; i < o.num_layers; ++i) {
@@ -401,10 +427,14 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
       torch::Tensor q = nn::ApplyRotary(heads(x, q_w, m, A, &q_norm), cos_b, sin_b);
       torch::Tensor kb = nn::ApplyRotary(heads(x, k_w, m, KV, &k_norm), cos_b, sin_b);
       torch::Tensor vb = heads(x, v_w, m, KV, nullptr);
-      torch::Tensor kc = nn::ApplyRotary(heads(context, k_w, ctx_len, KV, &k_norm), cos_c, sin_c);
-      torch::Tensor vc = heads(context, v_w, ctx_len, KV, nullptr);
-      torch::Tensor a = BlockAttention(q.contiguous(), kc.contiguous(), vc.contiguous(),
-                                       kb.contiguous(), vb.contiguous(), limit, bs, attention);
+      torch::Tensor kc =
+          nn::ApplyRotary(heads(context, k_w, shard_len, KV, &k_norm), cos_c, sin_c).contiguous();
+      torch::Tensor vc = heads(context, v_w, shard_len, KV, nullptr).contiguous();
+      torch::Tensor a = cp_group != nullptr
+                            ? RingBlockAttention(q.contiguous(), kc, vc, kb.contiguous(),
+                                                 vb.contiguous(), limit, bs, *cp_group, attention)
+                            : BlockAttention(q.contiguous(), kc, vc, kb.contiguous(),
+                                             vb.contiguous(), limit, bs, attention);
       h = h +
           torch::linear(a.transpose(1, 2).reshape({b, m, A * D}), P(p + "self_attn.o_proj.weight"));
       h = h + nn::SwiGluMlp(nn::RmsNorm(h, P(p + "post_attention_layernorm.weight"), eps),
@@ -480,12 +510,8 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
         torch::Tensor teacher_p;
         {
           torch::NoGradGuard no_grad;
-          const torch::Tensor at = positions.narrow(1, j0 * bs, rows)
-                                       .clamp(0, std::max<int64_t>(ctx_len - 1, 0))
-                                       .unsqueeze(-1)
-                                       .expand({b, rows, H});
-          teacher_p =
-              torch::softmax(torch::linear(last_hidden.gather(1, at).to(cd), head).to(ft), -1);
+          teacher_p = torch::softmax(
+              torch::linear(teacher_rows.narrow(1, j0 * bs, rows).to(cd), head).to(ft), -1);
         }
         torch::Tensor l1 = (logp.exp() - teacher_p).abs().sum(-1);
         term = o.ce_weight * term + o.l1_weight * l1;

@@ -178,12 +178,14 @@ class BlockDraft final {
   // aux_hidden and last_hidden [B, Tpad, ·] from global position
   // batch.offset (student/context_parallel.h's ShardRange), and the WHOLE
   // token ids and loss mask [B, cp·Tpad] (they are small); the anchors
-  // may lie anywhere in the sequence (DealBlocks). The context is
-  // projected on the shard (fc, hidden_norm: n·H -> H) and all-gathered
-  // over `cp_group` (SequenceAllGather, whose backward sums each shard's
-  // gradient over the ranks); DSpark's last_hidden is all-gathered too (no
-  // gradient). Collective: every rank of the group calls Forward and
-  // backward together.
+  // may lie anywhere in the sequence (DealBlocks). The context stays
+  // sharded: each layer projects its keys and values on the rank's shard,
+  // and RingBlockAttention passes the shards round `cp_group` (their
+  // gradients return to the owners in backward), so the context's memory
+  // per rank is 1/cp of it. DSpark's last_hidden rows at the slots are
+  // exchanged (no gradient; O(slots·H), the positions all-gathered), which
+  // needs the same number of blocks on every rank (DealBlocks pads).
+  // Collective: every rank of the group calls Forward and backward together.
   absl::StatusOr<BlockOutputs> Forward(const DraftBatch& batch, const BlockAnchors& anchors,
                                        const torch::Tensor& global_weight_sum,
                                        torch::Dtype compute_dtype, CommGroup* cp_group = nullptr);
