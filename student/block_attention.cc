@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <memory>
 #include <vector>
 
 #include "student/ring_hop.h"
@@ -192,24 +191,10 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
                             .reshape({dims.batch, dims.kv_heads, rows, dims.d})});
     }
 
-    const int rank = group != nullptr ? group->getRank() : 0;
-    const int cp = group != nullptr ? group->getSize() : 1;
-    torch::Tensor kv = torch::stack({kc, vc});  // one message per hop, in the input dtype
-    for (int s = 0; s < cp; ++s) {
-      const int src = (rank - s + cp) % cp;  // owner of the shard held at hop s
-      torch::Tensor next;
-      std::unique_ptr<RingHop> hop;
-      if (s + 1 < cp) {
-        next = torch::empty_like(kv);
-        hop = std::make_unique<RingHop>(*group, kv, next, static_cast<int>(tag_base + s));
-      }
+    RingForward(group, torch::stack({kc, vc}), tag_base, [&](const torch::Tensor& kv, int src) {
       ContextForward(q6, KeySpan{kv, src * dims.context, dims.context}, chunks, limit_dev, scale,
                      key_block, dims, ct, states);
-      if (hop) {
-        hop->Wait();
-        kv = next;
-      }
-    }
+    });
 
     torch::Tensor out = torch::empty_like(q, torch::MemoryFormat::Contiguous);
     torch::Tensor lse = torch::empty({dims.batch, dims.q_heads, dims.rows}, q.options().dtype(ct));
@@ -295,33 +280,12 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
                        torch::einsum("bhgnij,bhnjd->bhgnid", {dsb, kbc}).reshape(flat)});
     }
 
-    const int rank = group != nullptr ? group->getRank() : 0;
-    const int cp = group != nullptr ? group->getSize() : 1;
-    torch::Tensor kv = torch::stack({kc, vc});
-    // After hop s the accumulator holds the contributions of ranks src..src+s
-    // to shard src's keys; the last hop hands it to its owner.
-    torch::Tensor dkv = torch::zeros(kv.sizes(), kv.options().dtype(ct));
-    for (int s = 0; s < cp; ++s) {
-      const int src = (rank - s + cp) % cp;
-      torch::Tensor next;
-      std::unique_ptr<RingHop> kv_hop;
-      if (s + 1 < cp) {
-        next = torch::empty_like(kv);
-        kv_hop = std::make_unique<RingHop>(*group, kv, next, static_cast<int>(tag_base + cp + s));
-      }
-      ContextBackward(KeySpan{kv, src * dims.context, dims.context}, chunks, limit_dev, scale,
-                      key_block, dims, ct, grads, dkv);
-      if (cp > 1) {
-        torch::Tensor dkv_next = torch::empty_like(dkv);
-        RingHop dkv_hop(*group, dkv, dkv_next, static_cast<int>(tag_base + 2 * cp + s));
-        dkv_hop.Wait();
-        dkv = dkv_next;
-      }
-      if (kv_hop) {
-        kv_hop->Wait();
-        kv = next;
-      }
-    }
+    const torch::Tensor dkv =
+        RingBackward(group, torch::stack({kc, vc}), ct, tag_base,
+                     [&](const torch::Tensor& kv, int src, torch::Tensor& acc) {
+                       ContextBackward(KeySpan{kv, src * dims.context, dims.context}, chunks,
+                                       limit_dev, scale, key_block, dims, ct, grads, acc);
+                     });
 
     torch::Tensor dq = torch::empty_like(q, torch::MemoryFormat::Contiguous);
     torch::Tensor dq6 = as6(dq);

@@ -205,7 +205,7 @@ class RingCausalAttentionFunction final
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, CommGroup* group, double scale,
                                int64_t block, int64_t tag_base) {
-    const int rank = group->getRank(), cp = group->getSize();
+    const int rank = group->getRank();
     const Dims dims = DimsOf(q, k);
     const torch::ScalarType ct = ComputeType(q.scalar_type());
     torch::Tensor out5 = torch::zeros({dims.batch, dims.kv_heads, dims.group, dims.t, dims.d},
@@ -214,30 +214,17 @@ class RingCausalAttentionFunction final
                                      -std::numeric_limits<double>::infinity(), out5.options());
     if (dims.t > 0) {
       const torch::Tensor q5 = q.reshape({dims.batch, dims.kv_heads, dims.group, dims.t, dims.d});
-      torch::Tensor kv = torch::stack({k, v});  // one message per hop, in the input dtype
-      for (int s = 0; s < cp; ++s) {
-        const int src = (rank - s + cp) % cp;  // owner of the block held at hop s
-        torch::Tensor next;
-        std::unique_ptr<RingHop> hop;
-        if (s + 1 < cp) {
-          next = torch::empty_like(kv);
-          hop = std::make_unique<RingHop>(*group, kv, next, static_cast<int>(tag_base + s));
-        }
+      RingForward(group, torch::stack({k, v}), tag_base, [&](const torch::Tensor& kv, int src) {
         // Blocks of later ranks are wholly in the future of every local query.
-        if (src <= rank) {
-          auto [block_out, block_lse] = BlockForward(q5, kv, src == rank, scale, block, dims, ct);
-          // Log-sum-exp merge; the first block (s = 0) is the rank's own,
-          // where every row has a finite lse, so the -inf start washes out.
-          torch::Tensor merged = torch::logaddexp(lse4, block_lse);
-          out5.mul_((lse4 - merged).exp_().unsqueeze(-1))
-              .add_(block_out.mul_((block_lse - merged).exp_().unsqueeze(-1)));
-          lse4 = merged;
-        }
-        if (hop) {
-          hop->Wait();
-          kv = next;
-        }
-      }
+        if (src > rank) return;
+        auto [block_out, block_lse] = BlockForward(q5, kv, src == rank, scale, block, dims, ct);
+        // Log-sum-exp merge; the first block (s = 0) is the rank's own,
+        // where every row has a finite lse, so the -inf start washes out.
+        torch::Tensor merged = torch::logaddexp(lse4, block_lse);
+        out5.mul_((lse4 - merged).exp_().unsqueeze(-1))
+            .add_(block_out.mul_((block_lse - merged).exp_().unsqueeze(-1)));
+        lse4 = merged;
+      });
     }
     torch::Tensor out = out5.view(q.sizes()).to(q.scalar_type());
     torch::Tensor lse = lse4.view({dims.batch, dims.q_heads, dims.t});
@@ -257,7 +244,7 @@ class RingCausalAttentionFunction final
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t block = ctx->saved_data["block"].toInt();
     const int64_t tag_base = ctx->saved_data["tag_base"].toInt();
-    const int rank = group.getRank(), cp = group.getSize();
+    const int rank = group.getRank();
     const Dims dims = DimsOf(q, k);
     const torch::ScalarType ct = ComputeType(q.scalar_type());
     const torch::Tensor none;
@@ -275,33 +262,13 @@ class RingCausalAttentionFunction final
     const torch::Tensor delta4 =
         (do5.to(ct) * as5(out).to(ct)).sum(-1).sub_(grad_outputs[1].to(ct).reshape_as(lse4));
     torch::Tensor dq5 = torch::zeros(q5.sizes(), q.options().dtype(ct));
-    torch::Tensor kv = torch::stack({k, v});
-    // The accumulator travels with its K/V block: after hop s it holds the
-    // contributions of ranks src..src+s; the final hop (s = cp - 1) hands it
-    // to rank src + cp = src, the owner.
-    torch::Tensor dkv = torch::zeros(kv.sizes(), kv.options().dtype(ct));
-    for (int s = 0; s < cp; ++s) {
-      const int src = (rank - s + cp) % cp;
-      torch::Tensor next;
-      std::unique_ptr<RingHop> kv_hop;
-      if (s + 1 < cp) {
-        next = torch::empty_like(kv);
-        kv_hop = std::make_unique<RingHop>(group, kv, next, static_cast<int>(tag_base + cp + s));
-      }
-      if (src <= rank) {
-        BlockBackward(q5, do5, lse4, delta4, kv, src == rank, scale, block, dims, ct, dq5, dkv);
-      }
-      if (cp > 1) {
-        torch::Tensor dkv_next = torch::empty_like(dkv);
-        RingHop dkv_hop(group, dkv, dkv_next, static_cast<int>(tag_base + 2 * cp + s));
-        dkv_hop.Wait();
-        dkv = dkv_next;
-      }
-      if (kv_hop) {
-        kv_hop->Wait();
-        kv = next;
-      }
-    }
+    const torch::Tensor dkv = RingBackward(
+        &group, torch::stack({k, v}), ct, tag_base,
+        [&](const torch::Tensor& kv, int src, torch::Tensor& acc) {
+          if (src <= rank) {
+            BlockBackward(q5, do5, lse4, delta4, kv, src == rank, scale, block, dims, ct, dq5, acc);
+          }
+        });
     return {dq5.view(q.sizes()).to(q.scalar_type()),
             dkv[0].to(k.scalar_type()),
             dkv[1].to(v.scalar_type()),
