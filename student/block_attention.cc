@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "student/ring_hop.h"
@@ -82,11 +84,11 @@ struct ChunkState {
   torch::Tensor m, l, acc;
 };
 
-// Where the context keys a pass reads sit: rows [0, length) of `kv`
-// ([2, B, Hkv, length, D]: keys, values) hold global positions [offset,
-// offset + length).
+// Where the context keys a pass reads sit: rows [0, length) of k and v
+// ([B, Hkv, length, D]) hold global positions [offset, offset + length).
 struct KeySpan {
-  const torch::Tensor& kv;
+  const torch::Tensor& k;
+  const torch::Tensor& v;
   int64_t offset, length;
 };
 
@@ -106,15 +108,15 @@ void ContextForward(const torch::Tensor& q6, const KeySpan& span, const std::vec
     ChunkState& st = states[ci];
     for (int64_t ks = span.offset; ks < end; ks += key_block) {
       const int64_t lk = std::min(key_block, end - ks);
-      torch::Tensor kcb = span.kv[0].narrow(2, ks - span.offset, lk).to(ct);
-      torch::Tensor vcb = span.kv[1].narrow(2, ks - span.offset, lk).to(ct);
+      torch::Tensor kcb = span.k.narrow(2, ks - span.offset, lk).to(ct);
+      torch::Tensor vcb = span.v.narrow(2, ks - span.offset, lk).to(ct);
       torch::Tensor s = ContextScores(qf, kcb, chunk_limit, c, ks, lk, scale, dims);
       torch::Tensor m_new = torch::maximum(st.m, s.amax(-1));
       torch::Tensor alpha = (st.m - m_new).exp_();
       torch::Tensor pc = (s - m_new.unsqueeze(-1)).exp_();
       st.l.mul_(alpha).add_(pc.sum(-1));
       st.acc.mul_(alpha.unsqueeze(-1)).add_(torch::matmul(pc, vcb));
-      st.m = m_new;
+      st.m.copy_(m_new);
     }
   }
 }
@@ -138,8 +140,8 @@ void ContextBackward(const KeySpan& span, const std::vector<Chunk>& chunks,
     const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
     for (int64_t ks = span.offset; ks < end; ks += key_block) {
       const int64_t lk = std::min(key_block, end - ks), at = ks - span.offset;
-      torch::Tensor kcb = span.kv[0].narrow(2, at, lk).to(ct);
-      torch::Tensor vcb = span.kv[1].narrow(2, at, lk).to(ct);
+      torch::Tensor kcb = span.k.narrow(2, at, lk).to(ct);
+      torch::Tensor vcb = span.v.narrow(2, at, lk).to(ct);
       torch::Tensor p =
           ContextScores(g.qf, kcb, chunk_limit, c, ks, lk, scale, dims).sub_(g.lsef).exp_();
       dkv[1].narrow(2, at, lk).add_(torch::matmul(p.transpose(-1, -2), g.dof));
@@ -150,13 +152,64 @@ void ContextBackward(const KeySpan& span, const std::vector<Chunk>& chunks,
   }
 }
 
-// Without a group the context is local (offset 0). With one, each rank holds
-// a shard of `length` keys at offset rank·length, and the shards go round
-// the ring (cp - 1 hops, each overlapped with the pass over the shard at
-// hand). Tags: forward hops [tag_base, tag_base + cp), backward K/V hops
-// [tag_base + cp, tag_base + 2cp), backward dK/dV hops [tag_base + 2cp,
-// tag_base + 3cp). The backward's dK/dV accumulator travels with its shard
-// and reaches the owner after a full cycle.
+// Per-chunk tensors that travel as one flat buffer: each chunk's parts, in
+// order, are views into it (so in-place updates land in the buffer).
+// `widths` gives each part's trailing size per row (1: [B, Hkv, rows];
+// D: [B, Hkv, rows, D]).
+torch::Tensor ZerosPacked(const std::vector<Chunk>& chunks, const Dims& dims,
+                          const std::vector<int64_t>& widths, const torch::TensorOptions& options) {
+  int64_t total = 0;
+  for (const Chunk& c : chunks) {
+    for (int64_t w : widths) total += dims.batch * dims.kv_heads * dims.group * c.nc * dims.bs * w;
+  }
+  return torch::zeros({total}, options);
+}
+
+std::vector<std::vector<torch::Tensor>> Unpack(const torch::Tensor& flat,
+                                               const std::vector<Chunk>& chunks, const Dims& dims,
+                                               const std::vector<int64_t>& widths) {
+  std::vector<std::vector<torch::Tensor>> parts;
+  int64_t at = 0;
+  for (const Chunk& c : chunks) {
+    const int64_t rows = dims.group * c.nc * dims.bs;
+    std::vector<torch::Tensor> chunk;
+    for (int64_t w : widths) {
+      const int64_t n = dims.batch * dims.kv_heads * rows * w;
+      torch::Tensor part = flat.narrow(0, at, n);
+      chunk.push_back(w == 1 ? part.view({dims.batch, dims.kv_heads, rows})
+                             : part.view({dims.batch, dims.kv_heads, rows, w}));
+      at += n;
+    }
+    parts.push_back(std::move(chunk));
+  }
+  return parts;
+}
+
+// The tensors of one hop round the ring: sent to the next rank while the
+// previous rank's arrive (empty parts stay).
+std::vector<torch::Tensor> HopAll(CommGroup& group, const std::vector<torch::Tensor>& out,
+                                  int64_t tag) {
+  std::vector<torch::Tensor> in;
+  std::vector<std::unique_ptr<RingHop>> hops;
+  for (size_t i = 0; i < out.size(); ++i) {
+    in.push_back(torch::empty_like(out[i]));
+    hops.push_back(std::make_unique<RingHop>(group, out[i], in.back(),
+                                             static_cast<int>(tag + static_cast<int64_t>(i))));
+  }
+  for (auto& hop : hops) hop->Wait();
+  return in;
+}
+
+// Without a group the context is local (offset 0). With one, each rank
+// holds a shard of `length` keys at offset rank·length, and the QUERIES go
+// round the ring, not the keys: a block draft has few query rows and a long
+// context, so each rank's blocks visit every shard with their running
+// softmax (backward: with dO, the logsumexp, Δ and the dQ accumulator),
+// while the keys, values and their fp32 gradients stay with their owner.
+// After cp hops a package is home again. The ring's memory is then a few
+// query packages, whatever the context length. Tags: forward hop s uses
+// [tag_base + 3s, tag_base + 3s + 3), backward hop s [tag_base + 3cp + 5s,
+// tag_base + 3cp + 5s + 5).
 class BlockAttentionFunction final : public torch::autograd::Function<BlockAttentionFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q,
@@ -167,40 +220,69 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
                                int64_t tag_base) {
     const Dims dims = DimsOf(q, kc, block_size);
     const torch::ScalarType ct = ComputeType(q.scalar_type());
-    const torch::Tensor limit_dev = limit.to(q.device());
-    const torch::Tensor q6 =
-        q.reshape({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
+    const std::vector<int64_t> q6_shape = {dims.batch,  dims.kv_heads, dims.group,
+                                           dims.blocks, dims.bs,       dims.d};
+    const torch::Tensor q6 = q.reshape(q6_shape);
     const torch::Tensor kb5 = kb.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
     const torch::Tensor vb5 = vb.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
     const std::vector<Chunk> chunks = Chunks(dims, limit, query_rows);
+    // Per chunk: running max, sum and unnormalised output.
+    const std::vector<int64_t> widths = {1, 1, dims.d};
+    auto states_of = [&](const torch::Tensor& flat, const std::vector<Chunk>& at) {
+      std::vector<ChunkState> states;
+      for (auto& part : Unpack(flat, at, dims, widths))
+        states.push_back({part[0], part[1], part[2]});
+      return states;
+    };
 
     // Own block first: every row sees it, so the running max is finite
     // before any (possibly fully hidden) context block.
-    std::vector<ChunkState> states;
-    for (const Chunk& c : chunks) {
-      const int64_t rows = dims.group * c.nc * dims.bs;
-      torch::Tensor qc = q6.narrow(3, c.j0, c.nc).to(ct);
-      torch::Tensor kbc = kb5.narrow(2, c.j0, c.nc).to(ct);
-      torch::Tensor vbc = vb5.narrow(2, c.j0, c.nc).to(ct);
-      torch::Tensor sb = torch::einsum("bhgnid,bhnjd->bhgnij", {qc, kbc}).mul_(scale);
-      torch::Tensor m = std::get<0>(sb.max(-1));
-      torch::Tensor p = (sb - m.unsqueeze(-1)).exp_();
-      states.push_back({m.reshape({dims.batch, dims.kv_heads, rows}),
-                        p.sum(-1).reshape({dims.batch, dims.kv_heads, rows}),
-                        torch::einsum("bhgnij,bhnjd->bhgnid", {p, vbc})
-                            .reshape({dims.batch, dims.kv_heads, rows, dims.d})});
+    torch::Tensor packed = ZerosPacked(chunks, dims, widths, q.options().dtype(ct));
+    {
+      std::vector<ChunkState> states = states_of(packed, chunks);
+      for (size_t ci = 0; ci < chunks.size(); ++ci) {
+        const Chunk& c = chunks[ci];
+        torch::Tensor qc = q6.narrow(3, c.j0, c.nc).to(ct);
+        torch::Tensor kbc = kb5.narrow(2, c.j0, c.nc).to(ct);
+        torch::Tensor vbc = vb5.narrow(2, c.j0, c.nc).to(ct);
+        torch::Tensor sb = torch::einsum("bhgnid,bhnjd->bhgnij", {qc, kbc}).mul_(scale);
+        torch::Tensor m = std::get<0>(sb.max(-1));
+        torch::Tensor p = (sb - m.unsqueeze(-1)).exp_();
+        states[ci].m.copy_(m.reshape_as(states[ci].m));
+        states[ci].l.copy_(p.sum(-1).reshape_as(states[ci].l));
+        states[ci].acc.copy_(
+            torch::einsum("bhgnij,bhnjd->bhgnid", {p, vbc}).reshape_as(states[ci].acc));
+      }
     }
 
-    RingForward(group, torch::stack({kc, vc}), tag_base, [&](const torch::Tensor& kv, int src) {
-      ContextForward(q6, KeySpan{kv, src * dims.context, dims.context}, chunks, limit_dev, scale,
-                     key_block, dims, ct, states);
-    });
+    // The context: this rank's blocks (hop 0), then each other rank's,
+    // against the local shard.
+    const int rank = group != nullptr ? group->getRank() : 0;
+    const int cp = group != nullptr ? group->getSize() : 1;
+    torch::Tensor q_at = q.contiguous(), limit_at = limit.to(q.device());
+    for (int s = 0; s < cp; ++s) {
+      const torch::Tensor limit_cpu = limit_at.cpu();
+      const std::vector<Chunk> at = s == 0 ? chunks : Chunks(dims, limit_cpu, query_rows);
+      std::vector<ChunkState> states = states_of(packed, at);
+      ContextForward(q_at.reshape(q6_shape), KeySpan{kc, vc, rank * dims.context, dims.context}, at,
+                     limit_at, scale, key_block, dims, ct, states);
+      if (cp == 1) break;
+      const int64_t tag = tag_base + 3 * s;
+      if (s + 1 < cp) {
+        std::vector<torch::Tensor> in = HopAll(*group, {q_at, limit_at, packed}, tag);
+        q_at = in[0];
+        limit_at = in[1];
+        packed = in[2];
+      } else {
+        packed = HopAll(*group, {packed}, tag)[0];  // home
+      }
+    }
 
     torch::Tensor out = torch::empty_like(q, torch::MemoryFormat::Contiguous);
     torch::Tensor lse = torch::empty({dims.batch, dims.q_heads, dims.rows}, q.options().dtype(ct));
-    torch::Tensor out6 =
-        out.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
+    torch::Tensor out6 = out.view(q6_shape);
     torch::Tensor lse5 = lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
+    const std::vector<ChunkState> states = states_of(packed, chunks);
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const Chunk& c = chunks[ci];
       const ChunkState& st = states[ci];
@@ -234,35 +316,58 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
         ctx->saved_data.count("group") != 0 ? &GroupFromCapsule(ctx->saved_data["group"]) : nullptr;
     const Dims dims = DimsOf(q, kc, block_size);
     const torch::ScalarType ct = ComputeType(q.scalar_type());
-    const torch::Tensor limit_dev = limit.to(q.device());
     const std::vector<Chunk> chunks = Chunks(dims, limit, query_rows);
 
-    auto as6 = [&](const torch::Tensor& x) {
-      return x.reshape({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs, dims.d});
-    };
+    const std::vector<int64_t> q6_shape = {dims.batch,  dims.kv_heads, dims.group,
+                                           dims.blocks, dims.bs,       dims.d};
+    const std::vector<int64_t> row_shape = {dims.batch, dims.kv_heads, dims.group, dims.blocks,
+                                            dims.bs};
     auto as5 = [&](const torch::Tensor& x) {
       return x.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
     };
-    const torch::Tensor q6 = as6(q), out6 = as6(out), do6 = as6(grad_outputs[0]);
+    const torch::Tensor q6 = q.reshape(q6_shape), out6 = out.reshape(q6_shape);
+    const torch::Tensor do6 = grad_outputs[0].reshape(q6_shape);
     const torch::Tensor kb5 = as5(kb), vb5 = as5(vb);
-    const torch::Tensor lse5 =
-        lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
+    const torch::Tensor lse5 = lse.view(row_shape);
+    // Δ = rowsum(dO ∘ O), the softmax-Jacobian correction; it travels with
+    // the logsumexp as one buffer [2, B, Hkv, G, N, bs].
+    torch::Tensor rows_at = torch::stack({lse5, (do6.to(ct) * out6.to(ct)).sum(-1)});
 
     torch::Tensor dkb = torch::empty_like(kb, torch::MemoryFormat::Contiguous);
     torch::Tensor dvb = torch::empty_like(vb, torch::MemoryFormat::Contiguous);
     torch::Tensor dkb5 = as5(dkb), dvb5 = as5(dvb);
+    // The dQ accumulators (unscaled), one [B, Hkv, rows, D] per chunk.
+    const std::vector<int64_t> widths = {dims.d};
+    torch::Tensor dq_packed = ZerosPacked(chunks, dims, widths, q.options().dtype(ct));
+    // What a pass reads for the blocks of q_at/do_at/rows_at.
+    auto grads_of = [&](const torch::Tensor& q_at, const torch::Tensor& do_at,
+                        const torch::Tensor& rows, const std::vector<Chunk>& at) {
+      const torch::Tensor qa = q_at.reshape(q6_shape), da = do_at.reshape(q6_shape);
+      std::vector<std::vector<torch::Tensor>> dq = Unpack(dq_packed, at, dims, widths);
+      std::vector<ChunkGrad> grads;
+      for (size_t ci = 0; ci < at.size(); ++ci) {
+        const Chunk& c = at[ci];
+        const int64_t n = dims.group * c.nc * dims.bs;
+        const std::vector<int64_t> flat = {dims.batch, dims.kv_heads, n, dims.d};
+        const std::vector<int64_t> col = {dims.batch, dims.kv_heads, n, 1};
+        grads.push_back({qa.narrow(3, c.j0, c.nc).to(ct).reshape(flat),
+                         da.narrow(3, c.j0, c.nc).to(ct).reshape(flat),
+                         rows[0].narrow(3, c.j0, c.nc).reshape(col),
+                         rows[1].narrow(3, c.j0, c.nc).reshape(col), dq[ci][0]});
+      }
+      return grads;
+    };
 
     // Own block: each block's keys are seen by its own rows only, so their
     // gradients are written once (summed over the group's query heads).
-    std::vector<ChunkGrad> grads;
-    for (const Chunk& c : chunks) {
-      const int64_t rows = dims.group * c.nc * dims.bs;
-      const std::vector<int64_t> flat = {dims.batch, dims.kv_heads, rows, dims.d};
-      torch::Tensor qc = q6.narrow(3, c.j0, c.nc).to(ct);
-      torch::Tensor doc = do6.narrow(3, c.j0, c.nc).to(ct);
-      torch::Tensor lsec = lse5.narrow(3, c.j0, c.nc);  // [B, Hkv, G, nc, bs]
-      // Δ = rowsum(dO ∘ O), the softmax-Jacobian correction.
-      torch::Tensor delta = (doc * out6.narrow(3, c.j0, c.nc).to(ct)).sum(-1);  // [B,Hkv,G,nc,bs]
+    std::vector<ChunkGrad> own = grads_of(q, grad_outputs[0], rows_at, chunks);
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const Chunk& c = chunks[ci];
+      const std::vector<int64_t> chunk6 = {dims.batch, dims.kv_heads, dims.group,
+                                           c.nc,       dims.bs,       dims.d};
+      torch::Tensor qc = own[ci].qf.view(chunk6), doc = own[ci].dof.view(chunk6);
+      torch::Tensor lsec = rows_at[0].narrow(3, c.j0, c.nc);
+      torch::Tensor delta = rows_at[1].narrow(3, c.j0, c.nc);
       torch::Tensor kbc = kb5.narrow(2, c.j0, c.nc).to(ct);
       torch::Tensor vbc = vb5.narrow(2, c.j0, c.nc).to(ct);
       torch::Tensor pb = torch::einsum("bhgnid,bhnjd->bhgnij", {qc, kbc})
@@ -274,26 +379,46 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
           torch::einsum("bhgnid,bhnjd->bhgnij", {doc, vbc}).sub_(delta.unsqueeze(-1)).mul_(pb);
       dkb5.narrow(2, c.j0, c.nc)
           .copy_(torch::einsum("bhgnij,bhgnid->bhnjd", {dsb, qc}).mul_(scale));
-      grads.push_back({qc.reshape(flat), doc.reshape(flat),
-                       lsec.reshape({dims.batch, dims.kv_heads, rows, 1}),
-                       delta.reshape({dims.batch, dims.kv_heads, rows, 1}),
-                       torch::einsum("bhgnij,bhnjd->bhgnid", {dsb, kbc}).reshape(flat)});
+      own[ci].dq.add_(torch::einsum("bhgnij,bhnjd->bhgnid", {dsb, kbc}).reshape_as(own[ci].dq));
     }
 
-    const torch::Tensor dkv =
-        RingBackward(group, torch::stack({kc, vc}), ct, tag_base,
-                     [&](const torch::Tensor& kv, int src, torch::Tensor& acc) {
-                       ContextBackward(KeySpan{kv, src * dims.context, dims.context}, chunks,
-                                       limit_dev, scale, key_block, dims, ct, grads, acc);
-                     });
+    // The context: this rank's blocks, then each other rank's, against the
+    // local shard, whose dK/dV accumulate here.
+    const int rank = group != nullptr ? group->getRank() : 0;
+    const int cp = group != nullptr ? group->getSize() : 1;
+    torch::Tensor dkv =
+        torch::zeros({2, dims.batch, dims.kv_heads, dims.context, dims.d}, kc.options().dtype(ct));
+    torch::Tensor q_at = q, do_at = grad_outputs[0], limit_at = limit.to(q.device());
+    for (int s = 0; s < cp; ++s) {
+      const torch::Tensor limit_cpu = limit_at.cpu();
+      const std::vector<Chunk> at = s == 0 ? chunks : Chunks(dims, limit_cpu, query_rows);
+      std::vector<ChunkGrad> grads = s == 0 ? own : grads_of(q_at, do_at, rows_at, at);
+      ContextBackward(KeySpan{kc, vc, rank * dims.context, dims.context}, at, limit_at, scale,
+                      key_block, dims, ct, grads, dkv);
+      if (cp == 1) break;
+      const int64_t tag = tag_base + 3 * cp + 5 * s;
+      if (s + 1 < cp) {
+        std::vector<torch::Tensor> in = HopAll(
+            *group, {q_at.contiguous(), do_at.contiguous(), rows_at, limit_at, dq_packed}, tag);
+        q_at = in[0];
+        do_at = in[1];
+        rows_at = in[2];
+        limit_at = in[3];
+        dq_packed = in[4];
+      } else {
+        dq_packed = HopAll(*group, {dq_packed}, tag)[0];  // home
+      }
+    }
 
     torch::Tensor dq = torch::empty_like(q, torch::MemoryFormat::Contiguous);
-    torch::Tensor dq6 = as6(dq);
+    torch::Tensor dq6 = dq.view(q6_shape);
+    const std::vector<std::vector<torch::Tensor>> dq_chunks =
+        Unpack(dq_packed, chunks, dims, widths);
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const Chunk& c = chunks[ci];
       dq6.narrow(3, c.j0, c.nc)
-          .copy_(grads[ci].dq.mul_(scale).view(
-              {dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs, dims.d}));
+          .copy_((dq_chunks[ci][0] * scale)
+                     .view({dims.batch, dims.kv_heads, dims.group, c.nc, dims.bs, dims.d}));
     }
     // One gradient per forward argument (limit, the scalars and the group
     // get none).

@@ -40,7 +40,7 @@ struct BlockAttentionOptions {
   double scale = 1.0;        // usually 1/sqrt(head_dim)
   int64_t query_rows = 256;  // query rows (whole blocks, at least one) per chunk
   int64_t key_block = 256;   // context keys per score block
-  int tag_base = 0;          // RingBlockAttention's p2p tags: [tag_base, tag_base + 3·cp)
+  int tag_base = 0;          // RingBlockAttention's p2p tags: [tag_base, tag_base + 8·cp)
 };
 
 // q:      [B, Hq, N·bs, D]   block queries (q_norm and RoPE applied by the caller)
@@ -60,12 +60,14 @@ torch::Tensor BlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
 // kc, vc: [B, Hkv, L, D] are this rank's shard, global positions
 // [rank·L, (rank+1)·L) (ShardRange; padding rows at the end of the sequence
 // lie past every limit, so they need no mask); limit holds global positions
-// in [0, cp·L]. The shards travel round the group's ring (cp - 1 hops, each
-// overlapped with the pass over the shard at hand), so no rank ever holds
-// more than two shards; in backward each shard travels again with an fp32
-// dK/dV accumulator that returns to its owner. The result equals
-// BlockAttention over the gathered context (the same sums, taken shard by
-// shard). Collective over `context_group`: every rank calls it, and runs its
+// in [0, cp·L]. The keys and values stay with their owner: the blocks'
+// queries go round the group's ring instead (with their running softmax;
+// in backward with dO, the logsumexp, Δ and an fp32 dQ accumulator), cp
+// hops that bring each rank's package home, so the ring holds O(N·bs·D)
+// per rank whatever the context length, and each rank's fp32 dK/dV is its
+// own shard's. Every rank passes the same number of blocks (DealBlocks
+// pads). The result equals BlockAttention over the gathered context (the
+// same sums, taken shard by shard). Collective over `context_group`: every rank calls it, and runs its
 // backward, in the same order with same-shaped arguments; the group is kept
 // alive by the graph until backward.
 torch::Tensor RingBlockAttention(const torch::Tensor& q, const torch::Tensor& kc,
