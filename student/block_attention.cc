@@ -438,8 +438,8 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
   }
 };
 
-// Checks the arguments of both entry points; `context_length` is the
-// length the limits index (the local context, or the whole sharded one).
+// Checks the arguments of both entry points (the limits index the local
+// context, or with a group the whole sharded one) and applies the function.
 torch::Tensor Apply(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& vc,
                     const torch::Tensor& kb, const torch::Tensor& vb, const torch::Tensor& limit,
                     int64_t block_size, const BlockAttentionOptions& options, CommGroup* group) {

@@ -3,12 +3,14 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 
@@ -102,17 +104,27 @@ void PublishJoinError(c10d::Store& store, int rank, const std::string& reason) {
 // Rank 0's process serves the store, so once the rendezvous has failed it
 // waits (up to 3 s) until every other rank that joined has read the error
 // (each adds one to kJoinDone) before it returns and the store goes away.
-void AwaitFailureRead(c10d::Store& store, const RendezvousOptions& o) {
+// Rank 0 lingers (up to 3 s) until `others` ranks have added one to
+// `counter`, i.e. read a failure it is about to return.
+void LingerUntilRead(c10d::Store& store, const RendezvousOptions& o, const std::string& counter,
+                     const std::function<int64_t()>& others) {
   if (o.rank != 0) return;
   try {
-    int64_t others = 0;
-    for (int r = 1; r < o.world_size; ++r) others += store.check({JoinKey(r)}) ? 1 : 0;
+    const int64_t expected = others();
     const auto linger = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-    while (store.add(kJoinDone, 0) < others && std::chrono::steady_clock::now() < linger) {
+    while (store.add(counter, 0) < expected && std::chrono::steady_clock::now() < linger) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   } catch (const std::exception&) {
   }
+}
+
+void AwaitFailureRead(c10d::Store& store, const RendezvousOptions& o) {
+  LingerUntilRead(store, o, kJoinDone, [&] {
+    int64_t others = 0;
+    for (int r = 1; r < o.world_size; ++r) others += store.check({JoinKey(r)}) ? 1 : 0;
+    return others;
+  });
 }
 
 // Every rank announces "<hostname>, <address>" and waits for all the others
@@ -168,14 +180,16 @@ absl::Status JoinBarrier(c10d::Store& store, const RendezvousOptions& o, const s
 // Publishes this rank's outcome of a collective step under `prefix` and
 // reads every rank's: "" when all succeeded, else the first failure (with
 // its rank). An error only when the others' outcomes do not arrive within
-// the group's timeout. The outcome is the key's name (".../ok/<rank>" or
+// twice the group's timeout (a peer may still be inside a connect that
+// began with this rank's and may take the whole timeout). The outcome is the key's name
+// (".../ok/<rank>" or
 // ".../failed/<rank>"), polled with check: LibTorch 1.13's TCPStore takes
 // ~0.2 s for a get, and only a failure's message is read.
 absl::StatusOr<std::string> AgreeOnOutcome(c10d::Store& store, const RendezvousOptions& o,
                                            const std::string& prefix, const absl::Status& mine) {
   auto key = [&](bool ok, int rank) { return absl::StrCat(prefix, ok ? "ok/" : "failed/", rank); };
   std::string failure;
-  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  const auto deadline = std::chrono::steady_clock::now() + 2 * o.timeout;
   absl::Status reached = CatchTorch(
       absl::StrCat("rank ", o.rank, " cannot read the other ranks' Gloo connect outcomes"), [&] {
         const std::string text(mine.message());
@@ -190,7 +204,7 @@ absl::StatusOr<std::string> AgreeOnOutcome(c10d::Store& store, const RendezvousO
             }
             if (std::chrono::steady_clock::now() >= deadline) {
               throw std::runtime_error(
-                  absl::StrCat("rank ", r, " did not report within ", Seconds(o.timeout)));
+                  absl::StrCat("rank ", r, " did not report within ", Seconds(2 * o.timeout)));
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
           }
@@ -301,7 +315,17 @@ absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(const RendezvousOptions& opti
     ASSIGN_OR_RETURN(std::string failure, AgreeOnOutcome(*store, options, prefix, status));
     if (failure.empty()) return handle;
     handle.group.reset();
-    if (attempt == kGlooConnectAttempts) return absl::UnavailableError(failure);
+    if (attempt == kGlooConnectAttempts) {
+      // Rank 0's process may serve the store: it stays until the others
+      // have read the outcomes.
+      const std::string read = prefix + "failure-read";
+      if (options.rank == 0) {
+        LingerUntilRead(*store, options, read, [&] { return options.world_size - 1; });
+      } else {
+        CatchTorch("", [&] { store->add(read, 1); }).IgnoreError();
+      }
+      return absl::UnavailableError(failure);
+    }
     spdlog::warn("Gloo connect attempt {} of {} failed ({}); every rank retries", attempt,
                  kGlooConnectAttempts, failure);
   }
