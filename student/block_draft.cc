@@ -20,6 +20,60 @@ constexpr double kInitStd = 0.02;
 // Full-vocab logits held at once by the loss's chunks when not configured.
 constexpr int64_t kLossChunkLogits = int64_t{1} << 21;
 
+// A chunk's vocab-wide loss terms, per row [B, rows], and their gradient
+// with respect to the logits.
+struct VocabTerms {
+  torch::Tensor term;         // DFlash: CE; DSpark: ce·CE + l1·L1
+  torch::Tensor l1;           // DSpark: Σ|p − q|, p the draft's softmax, q the teacher's
+  torch::Tensor argmax;       // the draft's token
+  torch::Tensor logits_grad;  // d(Σ_rows scale·term) / d logits, [B, rows, V]
+};
+
+// Softmax over the last dim, in place; returns the log-sum-exp [..., 1].
+torch::Tensor SoftmaxInPlace(torch::Tensor& x) {
+  const torch::Tensor max = x.amax(-1, /*keepdim=*/true);
+  x.sub_(max).exp_();
+  const torch::Tensor sum = x.sum(-1, /*keepdim=*/true);
+  x.div_(sum);
+  return max + sum.log();
+}
+
+// `logits` [B, rows, V] (fp32 or fp64) and, for DSpark, `teacher_logits`
+// (the same shape; undefined for DFlash) are overwritten: they end as the
+// draft's softmax and as the gradient, so that the chunk holds two
+// vocab-wide buffers rather than the about nine of autograd over
+// log_softmax, softmax and abs. `scale` [B, rows]: each row's weight over
+// the global weight sum. With s = sign(p − q), the gradient of a row is
+//   scale · (ce·(p − onehot(label)) + l1·p ⊙ (s − ⟨p, s⟩))
+// (DFlash: ce = 1, l1 = 0); sign(0) = 0, as autograd's abs has it.
+VocabTerms VocabLoss(torch::Tensor logits, torch::Tensor teacher_logits,
+                     const torch::Tensor& label, const torch::Tensor& scale, double ce,
+                     double l1) {
+  torch::NoGradGuard no_grad;
+  VocabTerms out;
+  torch::Tensor& p = logits;
+  out.argmax = p.argmax(-1);
+  const torch::Tensor index = label.unsqueeze(-1);
+  const torch::Tensor picked = p.gather(-1, index);
+  const torch::Tensor cross_entropy = (SoftmaxInPlace(p) - picked).squeeze(-1);
+  if (!teacher_logits.defined()) {
+    out.term = cross_entropy;
+    out.logits_grad = p.scatter_add_(-1, index, torch::full_like(picked, -1.0))
+                          .mul_(scale.unsqueeze(-1));
+    return out;
+  }
+  torch::Tensor& g = teacher_logits;
+  SoftmaxInPlace(g);
+  g.neg_().add_(p);  // p − q
+  out.l1 = at::linalg_vector_norm(g, 1, {-1});
+  const torch::Tensor p_dot_s = at::matmul(p.unsqueeze(-2), g.sign_().unsqueeze(-1)).squeeze(-1);
+  g.sub_(p_dot_s).mul_(p).mul_(l1).add_(p, ce);
+  g.scatter_add_(-1, index, torch::full_like(picked, -ce)).mul_(scale.unsqueeze(-1));
+  out.term = ce * cross_entropy + l1 * out.l1;
+  out.logits_grad = g;
+  return out;
+}
+
 // SplitMix64: the key of a sample's anchor stream from (seed, step, sample).
 uint64_t Mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -443,23 +497,31 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
     }
     const torch::Tensor hn = nn::RmsNorm(h, P("norm.weight"), eps);
 
-    // The heads and the loss, a chunk of blocks at a time. Each chunk's
-    // loss is differentiated at once (torch::autograd::grad) with respect to
-    // its rows of the final hidden state and to detached copies of the
-    // heads' masters; the sums then reach the parameters through one
-    // surrogate term in weighted_loss, so that every parameter receives its
-    // gradient exactly once per backward (the DDP reducer's hooks count on
-    // it, and LibTorch 2.x runs a leaf's hooks in autograd::grad too: the
-    // masters themselves must stay out of the chunks' graphs).
+    // The heads and the loss, a chunk of blocks at a time. A chunk's
+    // gradient is written out by hand where it is vocab-wide (the logits,
+    // the Markov head: accumulated in place, so that no [V, r] gradient is
+    // made per chunk) and taken from autograd (torch::autograd::grad) for
+    // the confidence head only. The sums, with respect to the final hidden
+    // state and to the heads' masters, then reach the parameters through
+    // one surrogate term in weighted_loss, so that every parameter receives
+    // its gradient exactly once per backward (the DDP reducer's hooks count
+    // on it, and LibTorch 2.x runs a leaf's hooks in autograd::grad too: the
+    // masters themselves stay out of the chunks' graphs).
     const bool grad = torch::GradMode::is_enabled();
     const torch::Tensor head = lm_head_.to(cd);
+    // Indices into head_names / head_grads.
+    enum { kMarkovW1 = 0, kMarkovW2 = 1, kConfidenceW = 2, kConfidenceB = 3 };
     std::vector<std::string> head_names;
+    torch::Tensor markov_w1, markov_w2;  // the compute-dtype copies, without graph
     if (dspark) {
       head_names = {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"};
       if (o.confidence_head) {
         head_names.push_back("confidence_head.proj.weight");
         head_names.push_back("confidence_head.proj.bias");
       }
+      torch::NoGradGuard no_grad;
+      markov_w1 = parameter(head_names[kMarkovW1]).to(cd);
+      markov_w2 = parameter(head_names[kMarkovW2]).to(cd);
     }
     std::map<std::string, torch::Tensor> head_leaves;
     for (const std::string& name : head_names) {
@@ -492,56 +554,96 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
       torch::Tensor hc = hn.detach().narrow(1, j0 * bs, rows).detach().requires_grad_(grad);
       torch::Tensor label = labels.narrow(1, j0, nc).reshape({b, rows});
       torch::Tensor weight = weights.narrow(1, j0, nc).reshape({b, rows}).to(ft);
-      torch::Tensor logits = torch::linear(hc, head).to(ft);
-      torch::Tensor prev_embed;
-      if (dspark) {
-        // Teacher forcing: slot k's previous token is x[a+k].
-        const torch::Tensor prev = batch.input_ids.gather(
-            1, positions.narrow(1, j0 * bs, rows).clamp(0, std::max<int64_t>(ctx_len - 1, 0)));
-        prev_embed = Head("markov_head.markov_w1.weight")
-                         .index_select(0, prev.reshape({-1}))
-                         .view({b, rows, -1});
-        logits = logits + torch::linear(prev_embed, Head("markov_head.markov_w2.weight")).to(ft);
+      torch::Tensor logits, prev, prev_embed;
+      {
+        torch::NoGradGuard no_grad;
+        logits = torch::linear(hc, head).to(ft);
+        if (dspark) {
+          // Teacher forcing: slot k's previous token is x[a+k].
+          prev = batch.input_ids
+                     .gather(1, positions.narrow(1, j0 * bs, rows)
+                                    .clamp(0, std::max<int64_t>(ctx_len - 1, 0)))
+                     .reshape({-1});
+          prev_embed = markov_w1.index_select(0, prev).view({b, rows, -1});
+          logits.add_(torch::linear(prev_embed, markov_w2));
+        }
       }
-      torch::Tensor logp = torch::log_softmax(logits, -1);
-      torch::Tensor term = -logp.gather(-1, label.unsqueeze(-1)).squeeze(-1);
-      torch::Tensor confidence, target;
+      // The vocab-wide terms and their gradient with respect to the logits
+      // are written out here, in place on two [rows, V] fp32 buffers (the
+      // logits' and the teacher's): autograd over log_softmax, the teacher's
+      // softmax and the L1 held about nine.
+      torch::Tensor teacher_logits;
       if (dspark) {
-        torch::Tensor teacher_p;
-        {
-          torch::NoGradGuard no_grad;
-          teacher_p = torch::softmax(
-              torch::linear(teacher_rows.narrow(1, j0 * bs, rows).to(cd), head).to(ft), -1);
+        torch::NoGradGuard no_grad;
+        teacher_logits = torch::linear(teacher_rows.narrow(1, j0 * bs, rows).to(cd), head).to(ft);
+      }
+      const VocabTerms vocab =
+          VocabLoss(logits, teacher_logits, label, weight / denominator, o.ce_weight, o.l1_weight);
+      torch::Tensor term = vocab.term;
+      torch::Tensor conf_sum;
+      torch::Tensor confidence, target;
+      torch::Tensor prev_leaf;  // the confidence head's Markov input, as a leaf
+      if (dspark && o.confidence_head) {
+        torch::Tensor feature = hc;
+        if (o.confidence_with_markov) {
+          prev_leaf = prev_embed.detach().requires_grad_(grad);
+          feature = torch::cat({hc, prev_leaf}, -1);
         }
-        torch::Tensor l1 = (logp.exp() - teacher_p).abs().sum(-1);
-        term = o.ce_weight * term + o.l1_weight * l1;
-        if (o.confidence_head) {
-          torch::Tensor feature = o.confidence_with_markov ? torch::cat({hc, prev_embed}, -1) : hc;
-          confidence = torch::linear(feature, Head("confidence_head.proj.weight"),
-                                     Head("confidence_head.proj.bias"))
-                           .squeeze(-1)
-                           .to(ft);
-          target = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0);
-          term = term + o.conf_weight * torch::binary_cross_entropy_with_logits(
-                                            confidence, target, {}, {}, at::Reduction::None);
-        }
+        confidence = torch::linear(feature, Head("confidence_head.proj.weight"),
+                                   Head("confidence_head.proj.bias"))
+                         .squeeze(-1)
+                         .to(ft);
+        target = (1.0 - 0.5 * vocab.l1).clamp(0.0, 1.0);
+        conf_sum = (o.conf_weight * torch::binary_cross_entropy_with_logits(
+                                        confidence, target, {}, {}, at::Reduction::None) *
+                    weight)
+                       .sum();
       }
       torch::Tensor chunk_sum = (term * weight).sum();
-      loss_sum += chunk_sum.detach().to(torch::kFloat64);
+      if (conf_sum.defined()) chunk_sum = chunk_sum + conf_sum.detach();
+      loss_sum += chunk_sum.to(torch::kFloat64);
       if (grad) {
-        std::vector<torch::Tensor> inputs = {hc};
-        for (const std::string& name : head_names) inputs.push_back(head_leaves.at(name));
-        std::vector<torch::Tensor> grads =
-            torch::autograd::grad({chunk_sum / denominator}, inputs, {}, /*retain_graph=*/false,
-                                  /*create_graph=*/false, /*allow_unused=*/true);
-        hidden_grad.narrow(1, j0 * bs, rows).add_(grads[0].to(ft));
-        for (size_t i = 0; i < head_names.size(); ++i) {
-          if (grads[i + 1].defined()) head_grads[i].add_(grads[i + 1]);
+        // The confidence head's gradient, by autograd: with respect to hc,
+        // its weights and (with_markov) prev_embed.
+        std::vector<torch::Tensor> conf_grads;
+        if (conf_sum.defined()) {
+          std::vector<torch::Tensor> inputs = {hc, head_leaves.at(head_names[kConfidenceW]),
+                                               head_leaves.at(head_names[kConfidenceB])};
+          if (prev_leaf.defined()) inputs.push_back(prev_leaf);
+          conf_grads = torch::autograd::grad(
+              {conf_sum / denominator}, inputs, {torch::ones({}, conf_sum.options())},
+              /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+          conf_grads.resize(4);
+        }
+        torch::NoGradGuard no_grad;
+        // Through the logits, G: d hc = G·lm_head; DSpark's Markov bias
+        // (prev_embed·w2ᵀ) adds d w2 = Gᵀ·prev_embed and d prev_embed = G·w2,
+        // which w1's rows (prev) collect. G in the compute dtype, as the
+        // autograd of a linear in that dtype would take it, except for d w2,
+        // accumulated in the master's dtype.
+        const torch::Tensor g = vocab.logits_grad.to(cd);
+        torch::Tensor hc_grad = torch::matmul(g, head);
+        if (!conf_grads.empty()) {
+          if (conf_grads[0].defined()) hc_grad.add_(conf_grads[0]);
+          if (conf_grads[1].defined()) head_grads[kConfidenceW].add_(conf_grads[1]);
+          if (conf_grads[2].defined()) head_grads[kConfidenceB].add_(conf_grads[2]);
+        }
+        hidden_grad.narrow(1, j0 * bs, rows).add_(hc_grad.to(ft));
+        if (dspark) {
+          const int64_t r = markov_w2.size(1);
+          torch::Tensor prev_grad = torch::matmul(g, markov_w2);
+          if (!conf_grads.empty() && conf_grads[3].defined()) prev_grad.add_(conf_grads[3]);
+          torch::Tensor& w1_grad = head_grads[kMarkovW1];
+          torch::Tensor& w2_grad = head_grads[kMarkovW2];
+          w1_grad.index_add_(0, prev, prev_grad.reshape({-1, r}).to(w1_grad.scalar_type()));
+          // In place and in the masters' dtype: no [V, r] temporary.
+          w2_grad.addmm_(vocab.logits_grad.reshape({-1, g.size(-1)}).t().to(w2_grad.scalar_type()),
+                         prev_embed.reshape({-1, r}).to(w2_grad.scalar_type()));
         }
       }
       {
         torch::NoGradGuard no_grad;
-        correct_all.narrow(1, j0, nc).copy_((logits.argmax(-1) == label).view({b, nc, bs}));
+        correct_all.narrow(1, j0, nc).copy_((vocab.argmax == label).view({b, nc, bs}));
         if (confidence.defined()) {
           const torch::Tensor counted = (weight > 0).reshape({-1});
           const torch::Tensor pred =
