@@ -2,16 +2,99 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
+#include "c10/core/CPUAllocator.h"
+#include "common/torch/compat.h"
 #include "common/offline_store.h"
 #include "common/torch/tensor_util.h"
 #include "teacher/dump.h"
 
 namespace specstream::bench {
+namespace {
+
+// Wraps LibTorch's CPU allocator and keeps each live block's size, so that
+// the bytes in use and their high-water mark are exact.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* base)
+      : base_(base), base_deleter_(base->raw_deleter()) {}
+
+#if SPECSTREAM_TORCH_2
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return &Free; }
+
+  static CountingCpuAllocator* instance;
+  std::mutex mu;
+  std::unordered_map<void*, size_t> sizes;  // live blocks
+  int64_t in_use = 0, peak = 0;
+
+ private:
+  c10::DataPtr Allocate(size_t n) const {
+    void* data = base_->raw_allocate(n);
+    if (data != nullptr) {
+      std::lock_guard<std::mutex> lock(instance->mu);
+      instance->sizes[data] = n;
+      instance->in_use += static_cast<int64_t>(n);
+      instance->peak = std::max(instance->peak, instance->in_use);
+    }
+    return {data, data, &Free, c10::Device(c10::DeviceType::CPU)};
+  }
+  static void Free(void* data) {
+    if (data == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(instance->mu);
+      auto it = instance->sizes.find(data);
+      if (it != instance->sizes.end()) {
+        instance->in_use -= static_cast<int64_t>(it->second);
+        instance->sizes.erase(it);
+      }
+    }
+    instance->base_deleter_(data);
+  }
+
+  c10::Allocator* base_;
+  c10::DeleterFnPtr base_deleter_;
+};
+CountingCpuAllocator* CountingCpuAllocator::instance = nullptr;
+
+}  // namespace
+
+void InstallTensorMemoryCounter() {
+  if (CountingCpuAllocator::instance != nullptr) return;
+  CountingCpuAllocator::instance = new CountingCpuAllocator(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(CountingCpuAllocator::instance, /*priority=*/100);
+}
+
+int64_t TensorBytesInUse() {
+  if (CountingCpuAllocator::instance == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(CountingCpuAllocator::instance->mu);
+  return CountingCpuAllocator::instance->in_use;
+}
+
+int64_t TensorBytesPeak() {
+  if (CountingCpuAllocator::instance == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(CountingCpuAllocator::instance->mu);
+  return CountingCpuAllocator::instance->peak;
+}
+
+void ResetTensorBytesPeak() {
+  if (CountingCpuAllocator::instance == nullptr) return;
+  std::lock_guard<std::mutex> lock(CountingCpuAllocator::instance->mu);
+  CountingCpuAllocator::instance->peak = CountingCpuAllocator::instance->in_use;
+}
 
 bool CpuHasBf16Matmul() {
   static const bool has = [] {

@@ -14,6 +14,17 @@ namespace specstream::bench {
 // A "Key:" line of /proc/self/status in kB (VmRSS:, VmHWM:), 0 if absent.
 int64_t StatusKb(const char* key);
 
+// CPU tensor memory, counted at LibTorch's CPU allocator: the CPU
+// counterpart of torch.cuda.memory_allocated / max_memory_allocated, free of
+// the heap fragmentation and allocator caching that RSS also holds.
+// InstallTensorMemoryCounter wraps the allocator (once per process, before
+// the tensors to be counted exist; tensors made earlier keep their own
+// deleter and are not counted). Bytes; 0 until installed.
+void InstallTensorMemoryCounter();
+int64_t TensorBytesInUse();
+int64_t TensorBytesPeak();  // the most in use since the last ResetTensorBytesPeak
+void ResetTensorBytesPeak();
+
 // The running executable's path.
 std::string SelfExe();
 
