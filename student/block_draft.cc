@@ -46,9 +46,8 @@ torch::Tensor SoftmaxInPlace(torch::Tensor& x) {
 // the global weight sum. With s = sign(p − q), the gradient of a row is
 //   scale · (ce·(p − onehot(label)) + l1·p ⊙ (s − ⟨p, s⟩))
 // (DFlash: ce = 1, l1 = 0); sign(0) = 0, as autograd's abs has it.
-VocabTerms VocabLoss(torch::Tensor logits, torch::Tensor teacher_logits,
-                     const torch::Tensor& label, const torch::Tensor& scale, double ce,
-                     double l1) {
+VocabTerms VocabLoss(torch::Tensor logits, torch::Tensor teacher_logits, const torch::Tensor& label,
+                     const torch::Tensor& scale, double ce, double l1) {
   torch::NoGradGuard no_grad;
   VocabTerms out;
   torch::Tensor& p = logits;
@@ -58,8 +57,8 @@ VocabTerms VocabLoss(torch::Tensor logits, torch::Tensor teacher_logits,
   const torch::Tensor cross_entropy = (SoftmaxInPlace(p) - picked).squeeze(-1);
   if (!teacher_logits.defined()) {
     out.term = cross_entropy;
-    out.logits_grad = p.scatter_add_(-1, index, torch::full_like(picked, -1.0))
-                          .mul_(scale.unsqueeze(-1));
+    out.logits_grad =
+        p.scatter_add_(-1, index, torch::full_like(picked, -1.0)).mul_(scale.unsqueeze(-1));
     return out;
   }
   torch::Tensor& g = teacher_logits;
@@ -594,8 +593,9 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
                          .squeeze(-1)
                          .to(ft);
         target = (1.0 - 0.5 * vocab.l1).clamp(0.0, 1.0);
-        conf_sum = (o.conf_weight * torch::binary_cross_entropy_with_logits(
-                                        confidence, target, {}, {}, at::Reduction::None) *
+        conf_sum = (o.conf_weight *
+                    torch::binary_cross_entropy_with_logits(confidence, target, {}, {},
+                                                            at::Reduction::None) *
                     weight)
                        .sum();
       }

@@ -11,8 +11,8 @@
 #include <unordered_map>
 
 #include "c10/core/CPUAllocator.h"
-#include "common/torch/compat.h"
 #include "common/offline_store.h"
+#include "common/torch/compat.h"
 #include "common/torch/tensor_util.h"
 #include "teacher/dump.h"
 

@@ -225,8 +225,8 @@ int RunRank(const std::string& dir, int64_t length, int cp, int ulysses, int ran
     (void)specstream::AllReduceSum(*group, grads);
     comm = std::chrono::duration<double>(Clock::now() - comm_start).count();
   }
-  std::printf("%.1f %.1f %.3f %.3f %.1f\n", peak_kb / 1024.0, (peak_kb - base_kb) / 1024.0,
-              seconds, comm, tensor_mib);
+  std::printf("%.1f %.1f %.3f %.3f %.1f\n", peak_kb / 1024.0, (peak_kb - base_kb) / 1024.0, seconds,
+              comm, tensor_mib);
   return 0;
 }
 
@@ -252,9 +252,9 @@ std::vector<RankResult> RunWorld(const std::string& dir, int64_t length, int cp,
   bool ok = true;
   for (int rank = 0; rank < cp; ++rank) {
     RankResult& r = results[rank];
-    if (pipes[rank] == nullptr || std::fscanf(pipes[rank], "%lf %lf %lf %lf %lf", &r.peak_mib,
-                                              &r.step_mib, &r.seconds, &r.comm_seconds,
-                                              &r.tensor_mib) != 5) {
+    if (pipes[rank] == nullptr ||
+        std::fscanf(pipes[rank], "%lf %lf %lf %lf %lf", &r.peak_mib, &r.step_mib, &r.seconds,
+                    &r.comm_seconds, &r.tensor_mib) != 5) {
       ok = false;
     }
     if (pipes[rank] != nullptr && pclose(pipes[rank]) != 0) ok = false;
@@ -315,8 +315,8 @@ int RunBlockTables(
   bool comm_measured = true;
   for (int64_t length : {kBlockLength, long_length}) {
     std::printf("\nDSpark, %ld tokens (worst rank):\n", static_cast<long>(length));
-    std::printf("%4s %14s %14s %16s %10s %10s %12s %12s\n", "cp", "peak RSS MiB",
-                "step RSS MiB", "step tensor MiB", "vs cp 1", "step s", "tokens/s", "comm share");
+    std::printf("%4s %14s %14s %16s %10s %10s %12s %12s\n", "cp", "peak RSS MiB", "step RSS MiB",
+                "step tensor MiB", "vs cp 1", "step s", "tokens/s", "comm share");
     for (int cp : {1, 2, 4}) {
       const RankResult* r = measure(length, cp, 1);
       if (r == nullptr) return 1;
@@ -329,8 +329,9 @@ int RunBlockTables(
     }
   }
   const double budget = 1.05 * step_mib[kBlockLength][1];
-  std::printf("\nLongest sequence whose DSpark step fits %.0f tensor MiB per rank (1.05 x cp 1 at %ld):\n",
-              budget, static_cast<long>(kBlockLength));
+  std::printf(
+      "\nLongest sequence whose DSpark step fits %.0f tensor MiB per rank (1.05 x cp 1 at %ld):\n",
+      budget, static_cast<long>(kBlockLength));
   std::printf("%4s %10s %20s\n", "cp", "longest", "tensor MiB at longest");
   std::map<int, int64_t> longest;
   for (int cp : {1, 2, 4}) {
@@ -352,8 +353,8 @@ int RunBlockTables(
       "\ncp_bench --draft dspark: step memory at cp 2 = %.2f x cp 1 at %ld tokens, %.2f x at %ld "
       "(goal <= %.2f at %ld); longest lengths %ld / %ld / %ld at cp 1 / 2 / 4 (goal: doubling)\n",
       ratio, static_cast<long>(long_length), ratio_short, static_cast<long>(kBlockLength),
-      kBlockRatioGoal, static_cast<long>(long_length), static_cast<long>(longest[1]), static_cast<long>(longest[2]),
-      static_cast<long>(longest[4]));
+      kBlockRatioGoal, static_cast<long>(long_length), static_cast<long>(longest[1]),
+      static_cast<long>(longest[2]), static_cast<long>(longest[4]));
   if (!comm_measured) {
     std::printf("cp_bench: FAIL a communication share outside (0, 1)\n");
     return 1;
