@@ -39,7 +39,13 @@ namespace {
 using json = nlohmann::json;
 
 // The split patterns we reproduce, recognised by their exact source text.
-enum class SplitPattern { kLlama3, kQwen2, kGpt2 };
+enum class SplitPattern {
+  kLlama3,
+  kQwen2,
+  kGpt2,
+  kDigits,     // the Digits pre-tokenizer, individual_digits: each \p{N} alone
+  kDigitRuns,  // the Digits pre-tokenizer: runs of \p{N}
+};
 
 constexpr absl::string_view kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
@@ -87,6 +93,8 @@ size_t MatchAt(SplitPattern pattern, const std::vector<char32_t>& cps, size_t p)
     while (q < n && pred(cps[q])) ++q;
     return q;
   };
+  if (pattern == SplitPattern::kDigits) return IsNumber(cps[p]) ? p + 1 : p;
+  if (pattern == SplitPattern::kDigitRuns) return run(p, IsNumber);
   const char32_t c0 = cps[p];
   const char32_t c1 = p + 1 < n ? cps[p + 1] : 0;
   const char32_t c2 = p + 2 < n ? cps[p + 2] : 0;
@@ -302,18 +310,22 @@ absl::Status Tokenizer::Impl::ParseModel(const json& model) {
   }
 
   const std::array<char32_t, 256> table = BytesToUnicode();
+  int byte_symbols = 0;
   for (int b = 0; b < 256; ++b) {
     std::string symbol;
     unicode::AppendUtf8(table[b], &symbol);
+    // A byte without its symbol (SmolLM2 has no control bytes) is dropped
+    // from the text, as HF tokenizers' BPE drops an unknown character when
+    // the model has no unk_token.
     auto it = vocab.find(symbol);
-    if (it == vocab.end()) {
-      return FieldError("model.vocab",
-                        absl::StrCat("byte-level symbol \"", symbol, "\" (byte ", b,
-                                     ") is missing; not a byte-level BPE vocabulary"));
-    }
-    byte_id[b] = it->second;
+    byte_id[b] = it == vocab.end() ? -1 : it->second;
+    if (byte_id[b] >= 0) ++byte_symbols;
     byte_symbol[b] = std::move(symbol);
     symbol_byte[table[b]] = static_cast<uint8_t>(b);
+  }
+
+  if (byte_symbols == 0) {
+    return FieldError("model.vocab", "holds no byte-level symbol; not a byte-level BPE vocabulary");
   }
 
   auto merges_it = model.find("merges");
@@ -484,6 +496,9 @@ absl::Status Tokenizer::Impl::ParsePreTokenizer(const json& root) {
       }
       ASSIGN_OR_RETURN(bool invert, OptionalBool(*stage, "invert", false, field));
       if (invert) return FieldError(field + ".invert", "must be false");
+    } else if (type == "Digits") {
+      ASSIGN_OR_RETURN(bool individual, OptionalBool(*stage, "individual_digits", false, field));
+      splits.push_back(individual ? SplitPattern::kDigits : SplitPattern::kDigitRuns);
     } else if (type == "ByteLevel") {
       byte_level_seen = true;
       ASSIGN_OR_RETURN(bool prefix, OptionalBool(*stage, "add_prefix_space", false, field));
@@ -492,7 +507,7 @@ absl::Status Tokenizer::Impl::ParsePreTokenizer(const json& root) {
       if (use_regex) splits.push_back(SplitPattern::kGpt2);
     } else {
       return FieldError(field + ".type", absl::StrCat("unsupported pre-tokenizer \"", type,
-                                                      "\" (supported: Split, ByteLevel)"));
+                                                      "\" (supported: Split, Digits, ByteLevel)"));
     }
   }
   if (!byte_level_seen) {
@@ -519,6 +534,7 @@ void Tokenizer::Impl::Bpe(absl::string_view text, size_t begin, size_t end,
   if (n == 0) return;
   const auto byte_at = [&](size_t i) { return static_cast<uint8_t>(text[begin + i]); };
   if (n == 1) {
+    if (byte_id[byte_at(0)] < 0) return;
     out_ids->push_back(byte_id[byte_at(0)]);
     out_ranges->emplace_back(begin, end);
     return;
@@ -536,17 +552,25 @@ void Tokenizer::Impl::Bpe(absl::string_view text, size_t begin, size_t end,
   // Symbols in a doubly linked list; a min-heap of candidate merges ordered
   // by (rank, position of the left symbol), which is exactly "lowest rank
   // first, leftmost on ties". Stale entries are skipped when popped.
+  // Bytes without a symbol are left out; their neighbours then meet.
   struct Symbol {
     int32_t id;
     int32_t prev;
     int32_t next;
-    uint32_t len;
+    uint32_t len;    // 0: merged into its left neighbour
+    uint32_t start;  // the bytes [start, end) of the piece it covers
+    uint32_t end;
   };
-  std::vector<Symbol> symbols(n);
+  std::vector<Symbol> symbols;
+  symbols.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    symbols[i] = Symbol{byte_id[byte_at(i)], static_cast<int32_t>(i) - 1,
-                        i + 1 < n ? static_cast<int32_t>(i + 1) : -1, 1};
+    if (byte_id[byte_at(i)] < 0) continue;
+    const int32_t at = static_cast<int32_t>(symbols.size());
+    symbols.push_back(Symbol{byte_id[byte_at(i)], at - 1, -1, 1, static_cast<uint32_t>(i),
+                             static_cast<uint32_t>(i + 1)});
+    if (at > 0) symbols[at - 1].next = at;
   }
+  if (symbols.empty()) return;
   using Candidate = std::tuple<int32_t, int32_t, int32_t, int32_t>;  // rank, pos, l, r
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   const auto consider = [&](int32_t pos) {
@@ -556,7 +580,7 @@ void Tokenizer::Impl::Bpe(absl::string_view text, size_t begin, size_t end,
     auto it = merges.find(PairKey(symbols[pos].id, symbols[next].id));
     if (it != merges.end()) heap.emplace(it->second.rank, pos, symbols[pos].id, symbols[next].id);
   };
-  for (size_t i = 0; i + 1 < n; ++i) consider(static_cast<int32_t>(i));
+  for (size_t i = 0; i + 1 < symbols.size(); ++i) consider(static_cast<int32_t>(i));
   while (!heap.empty()) {
     const auto [rank, pos, left, right] = heap.top();
     heap.pop();
@@ -566,6 +590,7 @@ void Tokenizer::Impl::Bpe(absl::string_view text, size_t begin, size_t end,
     if (nxt.id != right) continue;
     sym.id = merges.find(PairKey(left, right))->second.result;
     sym.len += nxt.len;
+    sym.end = nxt.end;
     nxt.len = 0;
     sym.next = nxt.next;
     if (sym.next >= 0) symbols[sym.next].prev = pos;
@@ -574,7 +599,7 @@ void Tokenizer::Impl::Bpe(absl::string_view text, size_t begin, size_t end,
   }
   for (int32_t i = 0; i >= 0; i = symbols[i].next) {
     out_ids->push_back(symbols[i].id);
-    out_ranges->emplace_back(begin + i, begin + i + symbols[i].len);
+    out_ranges->emplace_back(begin + symbols[i].start, begin + symbols[i].end);
   }
 }
 

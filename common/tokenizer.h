@@ -6,8 +6,9 @@
 //   1. Added tokens (special or not) are matched in the raw text first,
 //      leftmost-longest; they become their own ids and are never split.
 //   2. Each remaining stretch is normalized (NFC when the tokenizer says so),
-//   3. split by the pre-tokenizer regex (the GPT-4/Llama-3 and Qwen2 patterns,
-//      implemented as a hand-written matcher over Unicode categories),
+//   3. split by the pre-tokenizer regex (the GPT-4/Llama-3, Qwen2 and GPT-2
+//      patterns, implemented as a hand-written matcher over Unicode
+//      categories; a Digits stage, as SmolLM2 has, splits numbers first),
 //   4. mapped byte -> unicode (GPT-2 byte-level alphabet), and
 //   5. merged by BPE rank (`ignore_merges` honoured).
 // Decode maps ids back to bytes and returns the UTF-8 text.

@@ -520,5 +520,36 @@ TEST(TokenizerTest, PlainByteLevelUsesTheGpt2Pattern) {
               ElementsAre("Hello", " world", "'s", " 42", "!!"));
 }
 
+// SmolLM2's vocabulary lacks some byte symbols. HF tokenizers (0.23, no
+// unk_token) drops such a byte, and its neighbours then merge: "axb x" with
+// no "x" and the merge a+b gives [ab, " "].
+TEST(TokenizerTest, AByteWithoutASymbolIsDroppedAndItsNeighboursMerge) {
+  Spec spec;
+  spec.merges = {{"a", "b"}};
+  spec.pre_tokenizer = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  json j = MakeTokenizerJson(spec);
+  j["model"]["vocab"].erase(ByteLevel("x"));
+  auto tokenizer = Tokenizer::FromJson(j.dump());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const int32_t ab = j["model"]["vocab"][ByteLevel("ab")].get<int32_t>();
+  EXPECT_EQ((*tokenizer)->EncodeIds("axb x").value(), (std::vector<int32_t>{ab, ' '}));
+  EXPECT_EQ((*tokenizer)->EncodeIds("x").value(), std::vector<int32_t>{});
+}
+
+// SmolLM2's pre-tokenizer: Digits (individual) before the GPT-2 split.
+TEST(TokenizerTest, DigitsStageSplitsNumbersFirst) {
+  Spec spec;
+  spec.merges = {{" ", "1"}, {"1", "2"}};
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  spec.pre_tokenizer = {
+      {"type", "Sequence"},
+      {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
+  EXPECT_THAT(Tokens(*Make(spec), "a 12"), ElementsAre("a", " ", "1", "2"));
+  spec.pre_tokenizer["pretokenizers"][0]["individual_digits"] = false;
+  EXPECT_THAT(Tokens(*Make(spec), "a 12"), ElementsAre("a", " ", "12"));
+  spec.pre_tokenizer = byte_level;
+  EXPECT_THAT(Tokens(*Make(spec), "a 12"), ElementsAre("a", " 1", "2"));
+}
+
 }  // namespace
 }  // namespace specstream
