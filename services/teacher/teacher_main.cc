@@ -1,5 +1,6 @@
 // `specstream-teacher`: the target-model side.
 //   init-random  write a random checkpoint in HF layout (tests, demo)
+//   import-gguf  convert a llama.cpp GGUF (Llama) into an HF checkpoint
 //   forward      run one sequence and print each capture's shape and checksum
 //   dump         write the offline store for a dataset
 //   serve        answer TeacherService streams (gRPC) until SIGTERM/SIGINT
@@ -36,6 +37,7 @@
 #include "services/daemon/registration.h"
 #include "services/teacher/teacher_service.h"
 #include "teacher/dump.h"
+#include "teacher/gguf_import.h"
 #include "teacher/init_random.h"
 #include "teacher/model_weights.h"
 #include "teacher/sample_tensors.h"
@@ -436,6 +438,12 @@ int main(int argc, char** argv) {
                    "qwen3_moe: layers with a dense MLP instead of experts, e.g. 0,3")
       ->delimiter(',');
 
+  specstream::teacher::GgufImportOptions import;
+  CLI::App* import_cmd = app.add_subcommand(
+      "import-gguf", "Convert a GGUF file (Llama) into an HF checkpoint directory");
+  import_cmd->add_option("--gguf", import.gguf, "GGUF file")->required();
+  import_cmd->add_option("--out", import.out, "Output directory")->required();
+
   RuntimeFlags forward_flags;
   std::string ids;
   CLI::App* forward_cmd =
@@ -559,6 +567,7 @@ int main(int argc, char** argv) {
   }
 
   if (*init_cmd) return ExitCode(WriteRandomCheckpoint(init));
+  if (*import_cmd) return ExitCode(specstream::teacher::ImportGguf(import));
   if (*forward_cmd) return ExitCode(RunForward(forward_flags, ids));
   if (*dump_cmd) {
     auto launched = dump_flags.Launch();
