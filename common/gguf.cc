@@ -276,15 +276,14 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes,
                                                               std::string source) {
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->source_ = std::move(source);
-  file->owned_ = std::move(bytes);
-  file->base_ = reinterpret_cast<const uint8_t*>(file->owned_.data());
-  file->size_ = file->owned_.size();
+  file->bytes_ = std::move(bytes);
   RETURN_IF_ERROR(Annotate(file->Parse(), file->source_));
   return file;
 }
 
 absl::Status GgufFile::Parse() {
-  Reader r(base_, size_);
+  const size_t size = bytes_.size();
+  Reader r(reinterpret_cast<const uint8_t*>(bytes_.data()), size);
   uint32_t magic = 0;
   RETURN_IF_ERROR(r.Read(&magic, "the header"));
   if (magic != kMagic) return absl::InvalidArgumentError("not a GGUF file (no \"GGUF\" magic)");
@@ -358,8 +357,8 @@ absl::Status GgufFile::Parse() {
   }
   data_start_ = (r.pos() + alignment - 1) / alignment * alignment;
   for (const GgufTensorInfo& t : tensors_) {
-    if (data_start_ > size_ || t.offset > size_ - data_start_ ||
-        t.nbytes > size_ - data_start_ - t.offset) {
+    if (data_start_ > size || t.offset > size - data_start_ ||
+        t.nbytes > size - data_start_ - t.offset) {
       return absl::DataLossError(absl::StrCat("tensor ", t.name, ": its ", t.nbytes,
                                               " bytes at offset ", t.offset, " run past the file"));
     }
@@ -375,7 +374,7 @@ const GgufTensorInfo* GgufFile::Find(absl::string_view name) const {
 }
 
 absl::StatusOr<std::vector<float>> GgufFile::Dequantize(const GgufTensorInfo& t) const {
-  const uint8_t* p = base_ + data_start_ + t.offset;
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes_.data()) + data_start_ + t.offset;
   const int64_t n = t.NumElements();
   std::vector<float> out(static_cast<size_t>(n));
   switch (static_cast<GgufTensorType>(t.type)) {

@@ -60,8 +60,8 @@ struct GgufTensorInfo {
 
 class GgufFile final {
  public:
-  // Maps `path` read-only and validates the header, the metadata and the
-  // tensor directory (names unique, every sized tensor inside the file).
+  // Reads `path` and validates the header, the metadata and the tensor
+  // directory (names unique, every sized tensor inside the file).
   // Errors name the path and the key or tensor at fault.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   // The same over bytes held in memory (tests, fuzzing).
@@ -89,11 +89,7 @@ class GgufFile final {
   absl::Status Parse();
 
   std::string source_;
-  std::string owned_;
-  void* mapping_ = nullptr;
-  size_t mapping_size_ = 0;
-  const uint8_t* base_ = nullptr;
-  size_t size_ = 0;
+  std::string bytes_;  // the whole file
   uint32_t version_ = 0;
   uint64_t data_start_ = 0;
   nlohmann::json metadata_ = nlohmann::json::object();
