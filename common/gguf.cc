@@ -375,6 +375,11 @@ const GgufTensorInfo* GgufFile::Find(absl::string_view name) const {
 
 absl::StatusOr<std::vector<float>> GgufFile::Dequantize(const GgufTensorInfo& t) const {
   const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes_.data()) + data_start_ + t.offset;
+  if (t.nbytes == 0 && t.NumElements() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": tensor ", t.name, " is ", GgufTensorTypeName(t.type),
+                     " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"));
+  }
   const int64_t n = t.NumElements();
   std::vector<float> out(static_cast<size_t>(n));
   switch (static_cast<GgufTensorType>(t.type)) {
@@ -422,9 +427,7 @@ absl::StatusOr<std::vector<float>> GgufFile::Dequantize(const GgufTensorInfo& t)
       }
       return out;
   }
-  return absl::InvalidArgumentError(absl::StrCat(source_, ": tensor ", t.name, " is ",
-                                                 GgufTensorTypeName(t.type),
-                                                 " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"));
+  return absl::InternalError(absl::StrCat("tensor ", t.name, ": sized but not dequantised"));
 }
 
 namespace {

@@ -19,7 +19,7 @@ fi
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++ -DSPECSTREAM_BUILD_FUZZERS=ON -DSPECSTREAM_FUZZ_ONLY=ON \
   -DSPECSTREAM_BUILD_TESTS=OFF >/dev/null
-TARGETS=(safetensors_fuzz tokenizer_fuzz job_spec_fuzz hf_config_fuzz stream_request_fuzz)
+TARGETS=(safetensors_fuzz tokenizer_fuzz job_spec_fuzz hf_config_fuzz stream_request_fuzz gguf_fuzz)
 cmake --build "$BUILD" --target "${TARGETS[@]}"
 
 run() {
