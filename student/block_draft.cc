@@ -522,9 +522,10 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
       markov_w1 = parameter(head_names[kMarkovW1]).to(cd);
       markov_w2 = parameter(head_names[kMarkovW2]).to(cd);
     }
+    // The confidence head's detached copies, the leaves of its autograd.
     std::map<std::string, torch::Tensor> head_leaves;
-    for (const std::string& name : head_names) {
-      head_leaves[name] = parameter(name).detach().requires_grad_(grad);
+    for (size_t i = kConfidenceW; i < head_names.size(); ++i) {
+      head_leaves[head_names[i]] = parameter(head_names[i]).detach().requires_grad_(grad);
     }
     auto Head = [&](const std::string& name) { return head_leaves.at(name).to(cd); };
     torch::Tensor hidden_grad;
@@ -532,7 +533,7 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
     if (grad) {
       hidden_grad = torch::zeros(hn.sizes(), hn.options().dtype(ft));
       for (const std::string& name : head_names) {
-        head_grads.push_back(torch::zeros_like(head_leaves.at(name)));
+        head_grads.push_back(torch::zeros_like(parameter(name).detach()));
       }
     }
     const torch::Tensor denominator =
