@@ -311,7 +311,7 @@ int RunBlockTables(
       static_cast<long>(kHidden), static_cast<long>(kHeads), static_cast<long>(kHeadDim),
       static_cast<long>(kIntermediate), static_cast<long>(kVocab),
       specstream::bench::BenchDtypeName());
-  std::map<int64_t, std::map<int, double>> step_mib;
+  std::map<int64_t, std::map<int, double>> tensor_mib;  // length, cp -> step tensor MiB
   bool comm_measured = true;
   for (int64_t length : {kBlockLength, long_length}) {
     std::printf("\nDSpark, %ld tokens (worst rank):\n", static_cast<long>(length));
@@ -320,15 +320,15 @@ int RunBlockTables(
     for (int cp : {1, 2, 4}) {
       const RankResult* r = measure(length, cp, 1);
       if (r == nullptr) return 1;
-      step_mib[length][cp] = r->tensor_mib;
+      tensor_mib[length][cp] = r->tensor_mib;
       const double share = r->comm_seconds / std::max(r->seconds, 1e-9);
       if (cp > 1 && !(share > 0 && share < 1)) comm_measured = false;
       std::printf("%4d %14.0f %14.0f %16.0f %10.2f %10.2f %12.0f %12.2f\n", cp, r->peak_mib,
-                  r->step_mib, r->tensor_mib, r->tensor_mib / std::max(step_mib[length][1], 1.0),
+                  r->step_mib, r->tensor_mib, r->tensor_mib / std::max(tensor_mib[length][1], 1.0),
                   r->seconds, length / r->seconds, share);
     }
   }
-  const double budget = 1.05 * step_mib[kBlockLength][1];
+  const double budget = 1.05 * tensor_mib[kBlockLength][1];
   std::printf(
       "\nLongest sequence whose DSpark step fits %.0f tensor MiB per rank (1.05 x cp 1 at %ld):\n",
       budget, static_cast<long>(kBlockLength));
@@ -346,8 +346,9 @@ int RunBlockTables(
     }
     std::printf("%4d %10ld %20.0f\n", cp, static_cast<long>(longest[cp]), at_longest);
   }
-  const double ratio_short = step_mib[kBlockLength][2] / std::max(step_mib[kBlockLength][1], 1.0);
-  const double ratio = step_mib[long_length][2] / std::max(step_mib[long_length][1], 1.0);
+  const double ratio_short =
+      tensor_mib[kBlockLength][2] / std::max(tensor_mib[kBlockLength][1], 1.0);
+  const double ratio = tensor_mib[long_length][2] / std::max(tensor_mib[long_length][1], 1.0);
   const bool doubling = longest[2] >= 2 * longest[1] && longest[4] >= 2 * longest[2];
   std::printf(
       "\ncp_bench --draft dspark: step memory at cp 2 = %.2f x cp 1 at %ld tokens, %.2f x at %ld "
