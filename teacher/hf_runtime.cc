@@ -1,6 +1,8 @@
 #include "teacher/hf_runtime.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -63,6 +65,50 @@ absl::StatusOr<std::vector<torch::Tensor>> HfRuntime::HiddenStates(
   return hidden;
 }
 
+torch::Tensor HfRuntime::Layer(int64_t i, const torch::Tensor& h_in, const torch::Tensor& cos,
+                               const torch::Tensor& sin, const AttendFn& attend) {
+  const HfModelConfig& c = config_;
+  const LayerWeights& l = weights_->layers[i];
+  const int64_t batch = h_in.size(0), t = h_in.size(1), d = c.head_dim;
+  const int64_t q_heads = c.num_attention_heads / options_.tp_size;
+  const int64_t kv_heads = c.num_key_value_heads / options_.tp_size;
+  const double eps = c.rms_norm_eps;
+  auto reduce = [&](torch::Tensor& x) {
+    if (options_.tp_size > 1) {
+      absl::Status s = AllReduceSum(ActivationGroup(), x);
+      if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+    }
+  };
+  torch::Tensor x = nn::RmsNorm(h_in, l.input_norm, eps);
+  torch::Tensor q = nn::Linear(x, l.q, l.q_bias).view({batch, t, q_heads, d});
+  torch::Tensor k = nn::Linear(x, l.k, l.k_bias).view({batch, t, kv_heads, d});
+  torch::Tensor v = nn::Linear(x, l.v, l.v_bias).view({batch, t, kv_heads, d});
+  if (l.q_norm.defined()) {
+    q = nn::RmsNorm(q, l.q_norm, eps);
+    k = nn::RmsNorm(k, l.k_norm, eps);
+  }
+  q = nn::ApplyRotary(q.transpose(1, 2), cos, sin);
+  k = nn::ApplyRotary(k.transpose(1, 2), cos, sin);
+  torch::Tensor a = attend(i, q, k, v.transpose(1, 2));
+  a = torch::linear(a.transpose(1, 2).reshape({batch, t, q_heads * d}), l.o);
+  reduce(a);
+  if (l.o_bias.defined()) a = a + l.o_bias;
+  torch::Tensor h = h_in + a;
+
+  x = nn::RmsNorm(h, l.post_norm, eps);
+  torch::Tensor m;
+  if (l.gate_bias.defined()) {
+    m = torch::linear(
+        torch::silu(torch::linear(x, l.gate, l.gate_bias)) * torch::linear(x, l.up, l.up_bias),
+        l.down);
+  } else {
+    m = nn::SwiGluMlp(x, l.gate, l.up, l.down);
+  }
+  reduce(m);
+  if (l.down_bias.defined()) m = m + l.down_bias;
+  return h + m;
+}
+
 absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
     const std::vector<int>& capture_ids, std::vector<torch::Tensor>* all_hidden) {
@@ -71,15 +117,6 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     torch::NoGradGuard no_grad;
     const HfModelConfig& c = config_;
     const int64_t batch = ids.size(0), t = ids.size(1), d = c.head_dim;
-    const int64_t q_heads = c.num_attention_heads / options_.tp_size;
-    const int64_t kv_heads = c.num_key_value_heads / options_.tp_size;
-    const double eps = c.rms_norm_eps;
-    auto reduce = [&](torch::Tensor& x) {
-      if (options_.tp_size > 1) {
-        absl::Status s = AllReduceSum(ActivationGroup(), x);
-        if (!s.ok()) throw std::runtime_error(std::string(s.message()));
-      }
-    };
 
     torch::Tensor h = weights_->embed.index_select(0, ids.reshape({-1})).view({batch, t, -1});
     auto [cos, sin] = rotary_->CosSin(torch::arange(t, ids.options()), dtype_);
@@ -97,54 +134,29 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     // on what it was batched with.
     const bool any_padding =
         std::any_of(lengths.begin(), lengths.end(), [t](int64_t n) { return n < t; });
-
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      const LayerWeights& l = weights_->layers[i];
-      torch::Tensor x = nn::RmsNorm(h, l.input_norm, eps);
-      torch::Tensor q = nn::Linear(x, l.q, l.q_bias).view({batch, t, q_heads, d});
-      torch::Tensor k = nn::Linear(x, l.k, l.k_bias).view({batch, t, kv_heads, d});
-      torch::Tensor v = nn::Linear(x, l.v, l.v_bias).view({batch, t, kv_heads, d});
-      if (l.q_norm.defined()) {
-        q = nn::RmsNorm(q, l.q_norm, eps);
-        k = nn::RmsNorm(k, l.k_norm, eps);
-      }
-      q = nn::ApplyRotary(q.transpose(1, 2), cos, sin);
-      k = nn::ApplyRotary(k.transpose(1, 2), cos, sin);
-      v = v.transpose(1, 2);
-      attention.sliding_window = l.sliding_window;
-      const bool per_sequence = any_padding;
-      torch::Tensor a =
-          per_sequence ? torch::zeros_like(q) : nn::CausalAttention(q, k, v, attention);
-      for (int64_t b = 0; per_sequence && b < batch; ++b) {
+    const AttendFn attend = [&](int64_t i, const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v) {
+      attention.sliding_window = weights_->layers[i].sliding_window;
+      if (!any_padding) return nn::CausalAttention(q, k, v, attention);
+      torch::Tensor a = torch::zeros_like(q);
+      for (int64_t b = 0; b < batch; ++b) {
         auto valid = [&](const torch::Tensor& x) {
           return x.narrow(0, b, 1).narrow(2, 0, lengths[b]);
         };
         valid(a).copy_(nn::CausalAttention(valid(q), valid(k), valid(v), attention));
       }
-      a = torch::linear(a.transpose(1, 2).reshape({batch, t, q_heads * d}), l.o);
-      reduce(a);
-      if (l.o_bias.defined()) a = a + l.o_bias;
-      h = h + a;
+      return a;
+    };
 
-      x = nn::RmsNorm(h, l.post_norm, eps);
-      torch::Tensor m;
-      if (l.gate_bias.defined()) {
-        m = torch::linear(
-            torch::silu(torch::linear(x, l.gate, l.gate_bias)) * torch::linear(x, l.up, l.up_bias),
-            l.down);
-      } else {
-        m = nn::SwiGluMlp(x, l.gate, l.up, l.down);
-      }
-      reduce(m);
-      if (l.down_bias.defined()) m = m + l.down_bias;
-      h = h + m;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      h = Layer(i, h, cos, sin, attend);
       if (all_hidden) all_hidden->push_back(h[0].clone());
       for (size_t j = 0; j < capture_ids.size(); ++j) {
         if (capture_ids[j] == i) ordered[j] = h;
       }
     }
     torch::Tensor aux = torch::cat(ordered, -1);
-    torch::Tensor last = nn::RmsNorm(h, weights_->norm, eps);
+    torch::Tensor last = nn::RmsNorm(h, weights_->norm, c.rms_norm_eps);
     for (int64_t b = 0; b < batch; ++b) {
       SequenceCapture capture;
       capture.aux_hidden = aux[b].narrow(0, 0, lengths[b]).contiguous();
@@ -157,6 +169,98 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
   });
   if (!status.ok()) return status;
   return out;
+}
+
+void KvCache::Truncate(int64_t new_length) { length = std::clamp<int64_t>(new_length, 0, length); }
+
+absl::StatusOr<SequenceCapture> HfRuntime::Extend(KvCache& cache, const std::vector<int32_t>& ids,
+                                                  const std::vector<int>& capture_ids) {
+  if (options_.tp_size != 1) {
+    return absl::FailedPreconditionError("incremental decoding runs on one rank (tp_size 1)");
+  }
+  const HfModelConfig& c = config_;
+  ForwardRequest request;
+  request.sequences = {ids};
+  request.capture_layer_ids = capture_ids;
+  RETURN_IF_ERROR(ValidateForwardRequest(request, c));
+  const int64_t n = static_cast<int64_t>(ids.size()), past = cache.length, total = past + n;
+  if (c.max_position_embeddings > 0 && total > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("incremental decoding: ", total,
+                                                   " positions exceed max_position_embeddings ",
+                                                   c.max_position_embeddings));
+  }
+  const std::vector<int>& captures =
+      capture_ids.empty() ? description_.capture_layer_ids : capture_ids;
+  SequenceCapture out;
+  absl::Status status = CatchTorch("hf incremental forward", [&] {
+    torch::NoGradGuard no_grad;
+    const int64_t d = c.head_dim, kv_heads = c.num_key_value_heads;
+    const int64_t group = c.num_attention_heads / kv_heads;
+    const auto index_options = torch::TensorOptions().dtype(torch::kInt64).device(device_);
+    // Grow every layer's buffers to hold `total` positions (doubling).
+    const int64_t capacity = cache.keys.empty() ? 0 : cache.keys[0].size(2);
+    if (capacity < total) {
+      const int64_t grown = std::max<int64_t>(total, std::max<int64_t>(64, 2 * capacity));
+      cache.keys.resize(c.num_hidden_layers);
+      cache.values.resize(c.num_hidden_layers);
+      for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        for (torch::Tensor* buffer : {&cache.keys[i], &cache.values[i]}) {
+          torch::Tensor fresh = torch::zeros({1, kv_heads, grown, d},
+                                             torch::TensorOptions().dtype(dtype_).device(device_));
+          if (buffer->defined() && past > 0)
+            fresh.narrow(2, 0, past).copy_(buffer->narrow(2, 0, past));
+          *buffer = fresh;
+        }
+      }
+    }
+    torch::Tensor input =
+        torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), index_options);
+    torch::Tensor h = weights_->embed.index_select(0, input).unsqueeze(0);
+    auto [cos, sin] = rotary_->CosSin(torch::arange(past, total, index_options), dtype_);
+    // New row r (position past + r) sees key j iff j <= past + r and, with a
+    // sliding window w, past + r - j < w.
+    const torch::Tensor query_pos = torch::arange(past, total, index_options).unsqueeze(1);
+    const torch::Tensor key_pos = torch::arange(0, total, index_options).unsqueeze(0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const AttendFn attend = [&](int64_t i, const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v) {
+      cache.keys[i].narrow(2, past, n).copy_(k);
+      cache.values[i].narrow(2, past, n).copy_(v);
+      torch::Tensor keys = cache.keys[i].narrow(2, 0, total);
+      torch::Tensor values = cache.values[i].narrow(2, 0, total);
+      torch::Tensor visible = key_pos <= query_pos;
+      if (const auto& window = weights_->layers[i].sliding_window) {
+        visible = visible & (query_pos - key_pos < *window);
+      }
+      // GQA: the query heads of one key/value head as rows [kv, group·n, D].
+      torch::Tensor qg = q.reshape({kv_heads, group * n, d});
+      torch::Tensor scores =
+          torch::matmul(qg, keys[0].transpose(1, 2)).view({kv_heads, group, n, total});
+      scores = scores.to(torch::kFloat32)
+                   .mul_(scale)
+                   .masked_fill_(visible.logical_not(), -std::numeric_limits<float>::infinity());
+      torch::Tensor probs =
+          torch::softmax(scores, -1).to(dtype_).view({kv_heads, group * n, total});
+      return torch::matmul(probs, values[0]).view({1, kv_heads * group, n, d});
+    };
+    std::vector<torch::Tensor> ordered(captures.size());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      h = Layer(i, h, cos, sin, attend);
+      for (size_t j = 0; j < captures.size(); ++j) {
+        if (captures[j] == i) ordered[j] = h[0];
+      }
+    }
+    out.aux_hidden = torch::cat(ordered, -1).contiguous();
+    out.last_hidden = nn::RmsNorm(h[0], weights_->norm, c.rms_norm_eps).contiguous();
+  });
+  if (!status.ok()) return status;
+  cache.length = total;
+  return out;
+}
+
+torch::Tensor HfRuntime::Logits(const torch::Tensor& last_hidden) const {
+  torch::NoGradGuard no_grad;
+  return torch::linear(last_hidden.to(torch::kFloat32), weights_->lm_head.to(torch::kFloat32));
 }
 
 }  // namespace specstream::teacher

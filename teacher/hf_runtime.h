@@ -8,6 +8,7 @@
 #ifndef SPECSTREAM_TEACHER_HF_RUNTIME_H_
 #define SPECSTREAM_TEACHER_HF_RUNTIME_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,16 @@ struct ModelWeights;
 
 using HfRuntimeOptions = TargetRuntimeOptions;
 
+// One sequence's attention keys and values for incremental decoding
+// (HfRuntime::Extend): per layer [1, kv_heads, capacity, head_dim] in the
+// compute dtype, of which the first `length` positions are filled. Truncate
+// drops positions (a rejected speculative proposal) without reallocating.
+struct KvCache {
+  std::vector<torch::Tensor> keys, values;
+  int64_t length = 0;
+  void Truncate(int64_t new_length);
+};
+
 class HfRuntime final : public TensorParallelRuntime {
  public:
   static absl::StatusOr<std::unique_ptr<HfRuntime>> Create(HfRuntimeOptions options);
@@ -39,6 +50,19 @@ class HfRuntime final : public TensorParallelRuntime {
   // layer i, each [T, H]. For checking capture wiring.
   absl::StatusOr<std::vector<torch::Tensor>> HiddenStates(const std::vector<int32_t>& ids);
 
+  // Incremental decoding (tp_size 1): runs `ids` at positions [cache.length,
+  // cache.length + n) against the cached keys and values, appends theirs and
+  // returns the n new rows' captures (aux_hidden of `capture_ids`, or the
+  // described layers when empty, and last_hidden). A row's values do not
+  // depend on how many rows are extended at once. InvalidArgument for no
+  // ids, an id outside the vocab, positions past max_position_embeddings or
+  // a capture layer outside the model; the cache is then unchanged.
+  absl::StatusOr<SequenceCapture> Extend(KvCache& cache, const std::vector<int32_t>& ids,
+                                         const std::vector<int>& capture_ids = {});
+
+  // Full-vocab next-token logits, float32 [T, V], of last_hidden rows [T, H].
+  torch::Tensor Logits(const torch::Tensor& last_hidden) const;
+
  private:
   HfRuntime() = default;
   absl::Status Load();
@@ -51,6 +75,14 @@ class HfRuntime final : public TensorParallelRuntime {
   absl::StatusOr<std::vector<SequenceCapture>> ComputePadded(
       const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
       const std::vector<int>& capture_ids, std::vector<torch::Tensor>* all_hidden);
+  // Attention of one layer: q [B, Hq, T, D], k/v [B, Hkv, T, D] (RoPE
+  // applied) -> [B, Hq, T, D].
+  using AttendFn = std::function<torch::Tensor(int64_t layer, const torch::Tensor& q,
+                                               const torch::Tensor& k, const torch::Tensor& v)>;
+  // Decoder layer `i` on h [B, T, H] at rotary cos/sin [T, D]: attention
+  // through `attend`, the MLP, both residuals (and the TP all-reduces).
+  torch::Tensor Layer(int64_t i, const torch::Tensor& h, const torch::Tensor& cos,
+                      const torch::Tensor& sin, const AttendFn& attend);
 
   HfModelConfig config_;
   ModelDescription description_;

@@ -128,6 +128,59 @@ TEST(HfRuntimeTest, PaddedBatchEqualsOneSequenceAtATime) {
   }
 }
 
+// Incremental decoding on the KV cache equals the full forward, whatever
+// the chunks, and a truncated cache continues as if the dropped positions
+// had never run (Llama with a sliding window, Qwen3 with q/k norms).
+TEST(HfRuntimeTest, ExtendOnTheKvCacheEqualsTheFullForward) {
+  for (const char* arch : {"llama", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    specstream::testing::TempDir dir;
+    TinyModelOptions model;
+    model.arch = arch;
+    model.layers = 4;
+    if (std::string(arch) == "llama") {
+      model.edit_config = [](HfModelConfig& c) { c.sliding_window = 6; };
+    }
+    WriteTinyModel(dir.path(), model);
+    auto runtime = Load(dir.path(), {1, 3});
+    ASSERT_NE(runtime, nullptr);
+    const std::vector<int32_t> ids = Tokens(23, model.vocab, 7);
+    ForwardRequest request;
+    request.sequences = {ids};
+    auto full = runtime->Forward(request);
+    ASSERT_TRUE(full.ok()) << full.status();
+    KvCache cache;
+    std::vector<torch::Tensor> aux, last;
+    size_t at = 0;
+    for (size_t chunk : {5, 1, 1, 8, 3, 5}) {
+      std::vector<int32_t> part(ids.begin() + at, ids.begin() + at + chunk);
+      // A rejected proposal first: run junk, then drop it.
+      auto junk = runtime->Extend(cache, Tokens(3, model.vocab, 99));
+      ASSERT_TRUE(junk.ok()) << junk.status();
+      cache.Truncate(static_cast<int64_t>(at));
+      auto rows = runtime->Extend(cache, part);
+      ASSERT_TRUE(rows.ok()) << rows.status();
+      aux.push_back(rows->aux_hidden);
+      last.push_back(rows->last_hidden);
+      at += chunk;
+      EXPECT_EQ(cache.length, static_cast<int64_t>(at));
+    }
+    ExpectClose(torch::cat(aux), (*full)[0].aux_hidden);
+    ExpectClose(torch::cat(last), (*full)[0].last_hidden);
+    const torch::Tensor logits = runtime->Logits(torch::cat(last));
+    EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{23, model.vocab}));
+    request.want_target_ids = true;
+    auto argmax = runtime->Forward(request);
+    ASSERT_TRUE(argmax.ok());
+    EXPECT_TRUE(torch::equal(logits.argmax(-1).to(torch::kInt32), (*argmax)[0].target_ids));
+    // Bad input leaves the cache as it was.
+    EXPECT_EQ(runtime->Extend(cache, {model.vocab}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(runtime->Extend(cache, {}).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(cache.length, 23);
+  }
+}
+
 TEST(HfRuntimeTest, BlockwiseAttentionMatchesFullAttention) {
   torch::manual_seed(0);
   torch::Tensor q = torch::randn({2, 4, 37, 8});
