@@ -380,6 +380,73 @@ torch::Tensor BlockDraft::WeightSum(const DraftBatch& batch, const BlockAnchors&
   return LabelsAndWeights(batch, anchors.anchors.to(dev), anchors.keep.to(dev)).second.sum();
 }
 
+torch::Tensor BlockDraft::Backbone(const DraftBatch& batch, const BlockAnchors& anchors,
+                                   const torch::Tensor& positions, torch::Dtype cd,
+                                   CommGroup* cp_group) {
+  const DraftShape& s = shape_;
+  const BlockDraftOptions& o = options_;
+  const int64_t b = batch.input_ids.size(0), n = anchors.anchors.size(1), bs = o.block_size;
+  const int64_t m = n * bs, H = s.hidden_size, A = s.num_attention_heads;
+  const int64_t KV = s.num_key_value_heads, D = s.head_dim;
+  const double eps = s.rms_norm_eps;
+  auto P = [&](const std::string& name) { return parameter(name).to(cd); };
+  const torch::Tensor anchor = anchors.anchors.to(device());
+  // The block tokens: x[a] then mask tokens.
+  torch::Tensor block_ids = torch::full({b, n, bs}, o.mask_token_id, anchor.options());
+  block_ids.select(2, 0).copy_(batch.input_ids.gather(1, anchor));
+  torch::Tensor h = embed_.index_select(0, block_ids.view({-1})).view({b, m, H}).to(cd);
+
+  auto [cos_b, sin_b] = rotary_->CosSin(positions.view({-1}), cd);
+  cos_b = cos_b.view({b, 1, m, D});
+  sin_b = sin_b.view({b, 1, m, D});
+  // Under CP the context stays sharded: this rank's rows are global
+  // positions [rank·L, (rank+1)·L), and RingBlockAttention passes the
+  // shards' keys and values round the CP group.
+  const int64_t shard_len = batch.aux_hidden.size(1);
+  const int64_t shard_begin = cp_group != nullptr ? cp_group->getRank() * shard_len : 0;
+  auto [cos_c, sin_c] =
+      rotary_->CosSin(torch::arange(shard_begin, shard_begin + shard_len, anchor.options()), cd);
+  // Dummy blocks see no context.
+  const torch::Tensor limit = anchors.anchors * anchors.keep.to(torch::kInt64);
+  BlockAttentionOptions attention;
+  attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const torch::Tensor context = nn::RmsNorm(torch::linear(batch.aux_hidden.to(cd), P("fc.weight")),
+                                            P("hidden_norm.weight"), eps);
+  for (int64_t i = 0; i < o.num_layers; ++i) {
+    const std::string p = absl::StrCat("layers.", i, ".");
+    const torch::Tensor q_w = P(p + "self_attn.q_proj.weight");
+    const torch::Tensor k_w = P(p + "self_attn.k_proj.weight");
+    const torch::Tensor v_w = P(p + "self_attn.v_proj.weight");
+    const torch::Tensor q_norm = P(p + "self_attn.q_norm.weight");
+    const torch::Tensor k_norm = P(p + "self_attn.k_norm.weight");
+    torch::Tensor x = nn::RmsNorm(h, P(p + "input_layernorm.weight"), eps);
+    auto heads = [&](const torch::Tensor& in, const torch::Tensor& w, int64_t rows, int64_t count,
+                     const torch::Tensor* norm) {
+      torch::Tensor y = torch::linear(in, w).view({b, rows, count, D});
+      if (norm != nullptr) y = nn::RmsNorm(y, *norm, eps);
+      return y.transpose(1, 2);
+    };
+    torch::Tensor q = nn::ApplyRotary(heads(x, q_w, m, A, &q_norm), cos_b, sin_b);
+    torch::Tensor kb = nn::ApplyRotary(heads(x, k_w, m, KV, &k_norm), cos_b, sin_b);
+    torch::Tensor vb = heads(x, v_w, m, KV, nullptr);
+    torch::Tensor kc =
+        nn::ApplyRotary(heads(context, k_w, shard_len, KV, &k_norm), cos_c, sin_c).contiguous();
+    torch::Tensor vc = heads(context, v_w, shard_len, KV, nullptr).contiguous();
+    torch::Tensor a = cp_group != nullptr
+                          ? RingBlockAttention(q.contiguous(), kc, vc, kb.contiguous(),
+                                               vb.contiguous(), limit, bs, *cp_group, attention)
+                          : BlockAttention(q.contiguous(), kc, vc, kb.contiguous(), vb.contiguous(),
+                                           limit, bs, attention);
+    h = h +
+        torch::linear(a.transpose(1, 2).reshape({b, m, A * D}), P(p + "self_attn.o_proj.weight"));
+    h = h + nn::SwiGluMlp(nn::RmsNorm(h, P(p + "post_attention_layernorm.weight"), eps),
+                          P(p + "mlp.gate_proj.weight"), P(p + "mlp.up_proj.weight"),
+                          P(p + "mlp.down_proj.weight"));
+  }
+  const torch::Tensor hn = nn::RmsNorm(h, P("norm.weight"), eps);
+  return hn;
+}
+
 absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
                                                  const BlockAnchors& anchors,
                                                  const torch::Tensor& global_weight_sum,
@@ -400,12 +467,9 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
                 "block draft forward: anchors ", anchors.anchors.sizes(), " do not match ", b,
                 " samples");
     const int64_t n = anchors.anchors.size(1), bs = o.block_size, m = n * bs;
-    const int64_t H = s.hidden_size, A = s.num_attention_heads, KV = s.num_key_value_heads;
-    const int64_t D = s.head_dim, V = s.target_vocab_size;
-    const double eps = s.rms_norm_eps;
+    const int64_t H = s.hidden_size, V = s.target_vocab_size;
     const torch::Device dev = device();
     const torch::ScalarType ft = cd == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    auto P = [&](const std::string& name) { return parameter(name).to(cd); };
 
     const torch::Tensor anchor = anchors.anchors.to(dev);
     const torch::Tensor keep = anchors.keep.to(dev);
@@ -413,27 +477,8 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
     const torch::Tensor k_slots = torch::arange(bs, anchor.options());
     const torch::Tensor positions = (anchor.unsqueeze(-1) + k_slots).view({b, m});
 
-    // The block tokens: x[a] then mask tokens.
-    torch::Tensor block_ids = torch::full({b, n, bs}, o.mask_token_id, anchor.options());
-    block_ids.select(2, 0).copy_(batch.input_ids.gather(1, anchor));
-    torch::Tensor h = embed_.index_select(0, block_ids.view({-1})).view({b, m, H}).to(cd);
-
-    auto [cos_b, sin_b] = rotary_->CosSin(positions.view({-1}), cd);
-    cos_b = cos_b.view({b, 1, m, D});
-    sin_b = sin_b.view({b, 1, m, D});
-    // Under CP the context stays sharded: this rank's rows are global
-    // positions [rank·L, (rank+1)·L), and RingBlockAttention passes the
-    // shards' keys and values round the CP group.
     const int64_t shard_len = batch.aux_hidden.size(1);
     const int64_t shard_begin = cp_group != nullptr ? cp_group->getRank() * shard_len : 0;
-    auto [cos_c, sin_c] =
-        rotary_->CosSin(torch::arange(shard_begin, shard_begin + shard_len, anchor.options()), cd);
-    // Dummy blocks see no context.
-    const torch::Tensor limit = anchors.anchors * anchors.keep.to(torch::kInt64);
-    BlockAttentionOptions attention;
-    attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
-    const torch::Tensor context = nn::RmsNorm(
-        torch::linear(batch.aux_hidden.to(cd), P("fc.weight")), P("hidden_norm.weight"), eps);
     // DSpark's teacher rows [B, m, H]: last_hidden at each slot's position
     // (clamped; rows past the sequence carry no weight). Under CP a slot's
     // row may live on any rank: every rank fills, for every rank's slots
@@ -463,38 +508,7 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
         teacher_rows = all_rows.narrow(1, cp_group->getRank() * m, m);
       }
     }
-    for (int64_t i = 0; i < o.num_layers; ++i) {
-      const std::string p = absl::StrCat("layers.", i, ".");
-      const torch::Tensor q_w = P(p + "self_attn.q_proj.weight");
-      const torch::Tensor k_w = P(p + "self_attn.k_proj.weight");
-      const torch::Tensor v_w = P(p + "self_attn.v_proj.weight");
-      const torch::Tensor q_norm = P(p + "self_attn.q_norm.weight");
-      const torch::Tensor k_norm = P(p + "self_attn.k_norm.weight");
-      torch::Tensor x = nn::RmsNorm(h, P(p + "input_layernorm.weight"), eps);
-      auto heads = [&](const torch::Tensor& in, const torch::Tensor& w, int64_t rows, int64_t count,
-                       const torch::Tensor* norm) {
-        torch::Tensor y = torch::linear(in, w).view({b, rows, count, D});
-        if (norm != nullptr) y = nn::RmsNorm(y, *norm, eps);
-        return y.transpose(1, 2);
-      };
-      torch::Tensor q = nn::ApplyRotary(heads(x, q_w, m, A, &q_norm), cos_b, sin_b);
-      torch::Tensor kb = nn::ApplyRotary(heads(x, k_w, m, KV, &k_norm), cos_b, sin_b);
-      torch::Tensor vb = heads(x, v_w, m, KV, nullptr);
-      torch::Tensor kc =
-          nn::ApplyRotary(heads(context, k_w, shard_len, KV, &k_norm), cos_c, sin_c).contiguous();
-      torch::Tensor vc = heads(context, v_w, shard_len, KV, nullptr).contiguous();
-      torch::Tensor a = cp_group != nullptr
-                            ? RingBlockAttention(q.contiguous(), kc, vc, kb.contiguous(),
-                                                 vb.contiguous(), limit, bs, *cp_group, attention)
-                            : BlockAttention(q.contiguous(), kc, vc, kb.contiguous(),
-                                             vb.contiguous(), limit, bs, attention);
-      h = h +
-          torch::linear(a.transpose(1, 2).reshape({b, m, A * D}), P(p + "self_attn.o_proj.weight"));
-      h = h + nn::SwiGluMlp(nn::RmsNorm(h, P(p + "post_attention_layernorm.weight"), eps),
-                            P(p + "mlp.gate_proj.weight"), P(p + "mlp.up_proj.weight"),
-                            P(p + "mlp.down_proj.weight"));
-    }
-    const torch::Tensor hn = nn::RmsNorm(h, P("norm.weight"), eps);
+    const torch::Tensor hn = Backbone(batch, anchors, positions, cd, cp_group);
 
     // The heads and the loss, a chunk of blocks at a time. A chunk's
     // gradient is written out by hand where it is vocab-wide (the logits,
@@ -688,6 +702,50 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
   });
   if (!status.ok()) return status;
   return out;
+}
+
+int64_t BlockDraft::proposal_length() const {
+  return options_.kind == BlockDraftKind::kDSpark ? options_.block_size : options_.block_size - 1;
+}
+
+absl::Status BlockDraft::Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
+                                 int64_t max_tokens, spec::TokenChooser& chooser,
+                                 std::vector<int32_t>* tokens) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n < 2 || aux.dim() != 2 || aux.size(0) != n - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block draft propose: ", n, " ids need captures [n-1, features] (got ",
+                     aux.dim(), " dimensions, ", aux.dim() > 0 ? aux.size(0) : 0, " rows)"));
+  }
+  return CatchTorch("block draft propose", [&] {
+    torch::NoGradGuard no_grad;
+    const bool dspark = options_.kind == BlockDraftKind::kDSpark;
+    const int64_t bs = options_.block_size;
+    const auto index = torch::TensorOptions().dtype(torch::kInt64).device(device());
+    DraftBatch batch;
+    batch.input_ids =
+        torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), index).unsqueeze(0);
+    batch.aux_hidden = aux.to(device(), torch::kFloat32).unsqueeze(0);
+    BlockAnchors anchors;
+    anchors.anchors = torch::full({1, 1}, n - 1, torch::kInt64);
+    anchors.keep = torch::ones({1, 1}, torch::kBool);
+    const torch::Tensor positions = torch::arange(n - 1, n - 1 + bs, index).unsqueeze(0);
+    const torch::Tensor hn = Backbone(batch, anchors, positions, torch::kFloat32, nullptr)[0];
+    const int64_t first = dspark ? 0 : 1;
+    const int64_t count = std::min(max_tokens, bs - first);
+    int64_t prev = ids.back();
+    for (int64_t k = 0; k < count; ++k) {
+      torch::Tensor logits = torch::linear(hn[first + k], lm_head_.to(torch::kFloat32));
+      if (dspark) {
+        const torch::Tensor w1 = parameter("markov_head.markov_w1.weight");
+        const torch::Tensor w2 = parameter("markov_head.markov_w2.weight");
+        logits = logits + torch::linear(w1[prev].to(torch::kFloat32), w2.to(torch::kFloat32));
+      }
+      const int32_t token = chooser.Choose(logits.cpu());
+      tokens->push_back(token);
+      prev = token;
+    }
+  });
 }
 
 }  // namespace specstream::student

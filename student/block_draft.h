@@ -196,6 +196,20 @@ class BlockDraft final {
                                                            const torch::Tensor& anchors,
                                                            const torch::Tensor& keep) const;
 
+  // Inference (speculative decoding): one block after the committed `ids`
+  // (n >= 2 tokens, the last not yet run by the target) from the target's
+  // captures of rows 0..n-2 (aux [n-1, n_capt·H]): the anchor is the last
+  // token, the context every row before it. DFlash proposes slots 1..bs-1,
+  // DSpark slots 0..bs-1 with the Markov head reading the token picked for
+  // the slot before (the anchor's for slot 0). At most `max_tokens`, each
+  // picked by `chooser` from the slot's full-vocab logits. float32, no
+  // gradient.
+  absl::Status Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
+                       int64_t max_tokens, spec::TokenChooser& chooser,
+                       std::vector<int32_t>* tokens);
+  // Tokens one block proposes: bs - 1 (DFlash) or bs (DSpark).
+  int64_t proposal_length() const;
+
   torch::Device device() const { return embed_.device(); }
   const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const { return params_; }
   torch::Tensor& parameter(const std::string& name);
@@ -207,6 +221,10 @@ class BlockDraft final {
  private:
   BlockDraft() = default;
   torch::Tensor& Add(const std::string& name, torch::Tensor value);
+  // The layers over the blocks at `anchors` (slot positions `positions`
+  // [B, N·bs] on the device): the final-normed hidden state [B, N·bs, H].
+  torch::Tensor Backbone(const DraftBatch& batch, const BlockAnchors& anchors,
+                         const torch::Tensor& positions, torch::Dtype cd, CommGroup* cp_group);
 
   DraftShape shape_;
   BlockDraftOptions options_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
@@ -303,6 +304,81 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
   });
   if (!status.ok()) return status;
   return out;
+}
+
+absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
+                                  int64_t max_tokens, spec::TokenChooser& chooser,
+                                  std::vector<int32_t>* tokens) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n < 2 || aux.dim() != 2 || aux.size(0) != n - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eagle3 propose: ", n, " ids need captures [n-1, features] (got ", aux.dim(),
+                     " dimensions, ", aux.dim() > 0 ? aux.size(0) : 0, " rows)"));
+  }
+  return CatchTorch("eagle3 propose", [&] {
+    torch::NoGradGuard no_grad;
+    const DraftShape& s = shape_;
+    const int64_t A = s.num_attention_heads, KV = s.num_key_value_heads, D = s.head_dim;
+    const int64_t rows = n - 1, r = rows - 1, group = A / KV;
+    const double eps = s.rms_norm_eps;
+    const auto f32 = torch::kFloat32;
+    auto P = [&](const char* name) { return parameter(name).to(f32); };
+    const torch::Tensor q_w = P("midlayer.self_attn.q_proj.weight");
+    const torch::Tensor k_w = P("midlayer.self_attn.k_proj.weight");
+    const torch::Tensor v_w = P("midlayer.self_attn.v_proj.weight");
+    const torch::Tensor in_ln = P("midlayer.input_layernorm.weight");
+    const torch::Tensor hid_ln = P("midlayer.hidden_norm.weight");
+    const torch::Tensor used =
+        torch::tensor(vocab_map_.d2t, torch::kInt64).to(device()) +
+        torch::arange(s.draft_vocab_size,
+                      torch::TensorOptions().dtype(torch::kInt64).device(device()));
+    const torch::Tensor pos = torch::arange(0, rows + max_tokens, used.options());
+    auto [cos_all, sin_all] = rotary_->CosSin(pos, f32);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    // Step 0 over every row: keys/values of all rows, the last row's query.
+    std::vector<int64_t> next_ids(ids.begin() + 1, ids.end());
+    torch::Tensor h = torch::linear(aux.to(device(), f32), P("fc.weight"));  // [rows, H]
+    torch::Tensor token_embed = embed_.index_select(0, torch::tensor(next_ids, used.options()));
+    torch::Tensor keys, values;  // [KV, rows + k, D]
+    torch::Tensor h_row;         // [1, H]: the last row's hidden state
+    for (int64_t k = 0; k < max_tokens; ++k) {
+      // Step 0 covers every row; later steps only the last one, at position r + k.
+      torch::Tensor x = torch::cat({nn::RmsNorm(token_embed.to(f32), in_ln, eps),
+                                    nn::RmsNorm(k == 0 ? h : h_row, hid_ln, eps)},
+                                   -1);
+      const int64_t m = x.size(0);
+      torch::Tensor cos = cos_all.narrow(0, k == 0 ? 0 : r + k, m);
+      torch::Tensor sin = sin_all.narrow(0, k == 0 ? 0 : r + k, m);
+      auto heads = [&](const torch::Tensor& w, int64_t count) {
+        return nn::ApplyRotary(torch::linear(x, w).view({m, count, D}).transpose(0, 1), cos, sin);
+      };
+      torch::Tensor kk = heads(k_w, KV);
+      torch::Tensor vv = torch::linear(x, v_w).view({m, KV, D}).transpose(0, 1);
+      keys = k == 0 ? kk : torch::cat({keys, kk}, 1);
+      values = k == 0 ? vv : torch::cat({values, vv}, 1);
+      torch::Tensor q = heads(q_w, A).narrow(1, m - 1, 1);  // [A, 1, D]: the last row
+      torch::Tensor scores =
+          torch::matmul(q.reshape({KV, group, D}), keys.transpose(1, 2)).mul_(scale);
+      torch::Tensor a = torch::matmul(torch::softmax(scores, -1), values);  // [KV, group, D]
+      a = torch::linear(a.reshape({1, A * D}), P("midlayer.self_attn.o_proj.weight"));
+      torch::Tensor h_prev = k == 0 ? h.narrow(0, r, 1) : h_row;
+      torch::Tensor h_next = h_prev + a;
+      h_next = h_next + nn::SwiGluMlp(
+                            nn::RmsNorm(h_next, P("midlayer.post_attention_layernorm.weight"), eps),
+                            P("midlayer.mlp.gate_proj.weight"), P("midlayer.mlp.up_proj.weight"),
+                            P("midlayer.mlp.down_proj.weight"));
+      torch::Tensor draft_logits =
+          torch::linear(nn::RmsNorm(h_next, P("norm.weight"), eps), P("lm_head.weight"))[0];
+      torch::Tensor logits = torch::full(
+          {s.target_vocab_size}, -std::numeric_limits<float>::infinity(), draft_logits.options());
+      logits.index_copy_(0, used, draft_logits);
+      const int32_t token = chooser.Choose(logits.cpu());
+      tokens->push_back(token);
+      token_embed =
+          embed_.index_select(0, torch::tensor({static_cast<int64_t>(token)}, used.options()));
+      h_row = h_next;
+    }
+  });
 }
 
 }  // namespace specstream::student

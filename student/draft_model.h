@@ -27,6 +27,7 @@
 #include "common/hf_config.h"
 #include "common/torch/blocks.h"
 #include "common/torch/compat.h"
+#include "common/torch/speculative.h"
 #include "common/vocab_map.h"
 
 namespace specstream::student {
@@ -121,6 +122,18 @@ class Eagle3Draft final {
   // global position p is valid at step k iff p+k+1 < len, loss_mask[p+k] = 1
   // and the full-vocab argmax at p+k+1 is in the draft vocab.
   torch::Tensor CountValid(const DraftBatch& batch, int ttt_steps) const;
+
+  // Inference (speculative decoding): the chain of up to `max_tokens`
+  // tokens after the committed `ids` (n >= 2 tokens, the last not yet run by
+  // the target), from the target's captures of rows 0..n-2 (aux [n-1, C·Ht]).
+  // The TTT unroll at the last row with the draft's own tokens: step 0 reads
+  // embed(ids[n-1]) and fc(aux[n-2]) and attends to every row's step-0 keys;
+  // step k reads its own previous hidden state and token. Each token is
+  // picked by `chooser` from the draft's logits over the target vocab (-inf
+  // outside the draft vocab). float32 math, no gradient.
+  absl::Status Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
+                       int64_t max_tokens, spec::TokenChooser& chooser,
+                       std::vector<int32_t>* tokens);
 
   torch::Device device() const { return embed_.device(); }
 

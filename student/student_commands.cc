@@ -177,6 +177,8 @@ absl::StatusOr<CheckpointContents> LoadCheckpointAt(const std::string& path) {
 
 // Whether `path` holds a block draft (DFlash / DSpark): an export of one,
 // or a checkpoint whose state records "block_draft".
+}  // namespace
+
 absl::StatusOr<bool> HoldsBlockDraft(const std::string& path) {
   if (IsExportDirectory(path)) {
     ASSIGN_OR_RETURN(std::string text, ReadFileToString(path + "/config.json"));
@@ -189,8 +191,6 @@ absl::StatusOr<bool> HoldsBlockDraft(const std::string& path) {
   ASSIGN_OR_RETURN(CheckpointContents contents, LoadCheckpointAt(path));
   return contents.state.contains("block_draft");
 }
-
-}  // namespace
 
 absl::StatusOr<RestoredBlockDraft> RestoreBlockDraft(const std::string& path,
                                                      const std::string& target_dir) {

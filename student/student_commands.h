@@ -48,6 +48,10 @@ struct RestoredBlockDraft {
 absl::StatusOr<RestoredBlockDraft> RestoreBlockDraft(const std::string& path,
                                                      const std::string& target_dir = "");
 
+// Whether `path` (a checkpoint or an export) holds a DFlash / DSpark draft
+// rather than an EAGLE-3 one.
+absl::StatusOr<bool> HoldsBlockDraft(const std::string& path);
+
 // Export and evaluation take either kind of draft (EAGLE-3 or block).
 absl::Status ExportCheckpoint(const std::string& checkpoint, const std::string& out_dir);
 
