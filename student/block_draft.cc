@@ -711,12 +711,8 @@ int64_t BlockDraft::proposal_length() const {
 absl::Status BlockDraft::Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
                                  int64_t max_tokens, spec::TokenChooser& chooser,
                                  std::vector<int32_t>* tokens) {
+  RETURN_IF_ERROR(spec::CheckProposalInputs(ids, aux, "block draft propose"));
   const int64_t n = static_cast<int64_t>(ids.size());
-  if (n < 2 || aux.dim() != 2 || aux.size(0) != n - 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block draft propose: ", n, " ids need captures [n-1, features] (got ",
-                     aux.dim(), " dimensions, ", aux.dim() > 0 ? aux.size(0) : 0, " rows)"));
-  }
   return CatchTorch("block draft propose", [&] {
     torch::NoGradGuard no_grad;
     const bool dspark = options_.kind == BlockDraftKind::kDSpark;

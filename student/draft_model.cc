@@ -309,12 +309,8 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
 absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
                                   int64_t max_tokens, spec::TokenChooser& chooser,
                                   std::vector<int32_t>* tokens) {
+  RETURN_IF_ERROR(spec::CheckProposalInputs(ids, aux, "eagle3 propose"));
   const int64_t n = static_cast<int64_t>(ids.size());
-  if (n < 2 || aux.dim() != 2 || aux.size(0) != n - 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("eagle3 propose: ", n, " ids need captures [n-1, features] (got ", aux.dim(),
-                     " dimensions, ", aux.dim() > 0 ? aux.size(0) : 0, " rows)"));
-  }
   return CatchTorch("eagle3 propose", [&] {
     torch::NoGradGuard no_grad;
     const DraftShape& s = shape_;

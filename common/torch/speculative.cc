@@ -33,6 +33,17 @@ int32_t TokenChooser::Choose(const torch::Tensor& logits) {
   return token;
 }
 
+absl::Status CheckProposalInputs(const std::vector<int32_t>& ids, const torch::Tensor& aux,
+                                 const char* who) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n < 2 || aux.dim() != 2 || aux.size(0) != n - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": ", n, " ids need captures [n-1, features] (got ", aux.dim(),
+                     " dimensions, ", aux.dim() > 0 ? aux.size(0) : 0, " rows)"));
+  }
+  return absl::OkStatus();
+}
+
 void DecodeStats::Add(const DecodeStats& o) {
   sequences += o.sequences;
   new_tokens += o.new_tokens;

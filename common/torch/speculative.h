@@ -76,6 +76,11 @@ class Draft {
                                std::vector<int32_t>* tokens) = 0;
 };
 
+// InvalidArgument, naming `who`, unless Draft::Propose's inputs fit its
+// contract: at least two ids and captures [ids - 1, features].
+absl::Status CheckProposalInputs(const std::vector<int32_t>& ids, const torch::Tensor& aux,
+                                 const char* who);
+
 struct DecodeOptions {
   int64_t max_new_tokens = 64;
   double temperature = 0;
