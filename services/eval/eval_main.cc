@@ -48,6 +48,13 @@ struct Prompt {
   std::vector<int32_t> ids;  // rendered with the chat template, ready for the answer
 };
 
+absl::Status CheckSplit(const std::string& split) {
+  if (split != "train" && split != "holdout" && split != "all") {
+    return absl::InvalidArgumentError("--split must be train, holdout or all, not " + split);
+  }
+  return absl::OkStatus();
+}
+
 bool InSplit(int64_t id, const std::string& split) {
   const bool held_out = id % 10 == 9;
   return split == "all" || (split == "holdout") == held_out;
@@ -58,9 +65,6 @@ bool InSplit(int64_t id, const std::string& split) {
 absl::StatusOr<std::vector<Prompt>> ReadPrompts(const std::string& path, const std::string& split,
                                                 const Tokenizer& tokenizer,
                                                 const ChatTemplate& chat, int64_t limit) {
-  if (split != "train" && split != "holdout" && split != "all") {
-    return absl::InvalidArgumentError("--split must be train, holdout or all, not " + split);
-  }
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   std::vector<Prompt> prompts;
   int64_t line_number = 0;
@@ -106,6 +110,9 @@ absl::StatusOr<TargetSetup> OpenTarget(const std::string& dir, const std::string
   teacher::HfRuntimeOptions options;
   options.model_dir = dir;
   options.dtype = dtype;
+  // Decoding names its captures per draft (DecodeTarget); the described set
+  // only has to be valid for any depth.
+  options.capture_layer_ids = {0};
   ASSIGN_OR_RETURN(setup.runtime, teacher::HfRuntime::Create(options));
   ASSIGN_OR_RETURN(setup.tokenizer, Tokenizer::FromDirectory(dir));
   ASSIGN_OR_RETURN(setup.chat, FindChatTemplate(template_name));
@@ -126,6 +133,7 @@ struct GenerateFlags {
 };
 
 absl::Status Generate(const GenerateFlags& f) {
+  RETURN_IF_ERROR(CheckSplit(f.split));
   ASSIGN_OR_RETURN(TargetSetup setup, OpenTarget(f.target, f.chat_template, f.dtype));
   ASSIGN_OR_RETURN(std::vector<Prompt> prompts,
                    ReadPrompts(f.prompts, f.split, *setup.tokenizer, *setup.chat, f.limit));
@@ -251,6 +259,7 @@ absl::Status Speculate(const SpeculateFlags& f) {
   if (f.drafts.empty() && f.untrained_drafts.empty()) {
     return absl::InvalidArgumentError("speculate needs --draft or --untrained-draft");
   }
+  RETURN_IF_ERROR(CheckSplit(f.split));
   ASSIGN_OR_RETURN(TargetSetup setup, OpenTarget(f.target, f.chat_template, f.dtype));
   struct Entry {
     student::LoadedProposer proposer;
