@@ -7,7 +7,8 @@
 #       pip torch (CPU), transformers (its GGUF loader, with gguf and
 #       accelerate) and tokenizers.
 # Both live once per machine in ${SPECSTREAM_CACHE:-~/.cache/specstream}
-# (the build trees link to them). Idempotent; exits non-zero on any failure
+# (the build trees link to them). SMOLLM2_GGUF_ONLY=1 leaves the venv out
+# (the demo needs only the model). Idempotent; exits non-zero on any failure
 # (a wrong checksum included).
 set -euo pipefail
 
@@ -45,6 +46,12 @@ os.replace(tmp, os.path.join(out, name))
 PY
 fi
 
+ln -sfn "${cache}/smollm2" "${dest}/smollm2"
+if [[ -n "${SMOLLM2_GGUF_ONLY:-}" ]]; then
+  echo "fetch_smollm2: ${dest}/smollm2/${gguf} ready"
+  exit 0
+fi
+
 venv="${cache}/smollm2-pyref"
 if ! "${venv}/bin/python" -c "import torch, transformers, gguf, accelerate, tokenizers, safetensors" 2>/dev/null; then
   echo "fetch_smollm2: installing the reference venv ${venv}"
@@ -54,6 +61,5 @@ if ! "${venv}/bin/python" -c "import torch, transformers, gguf, accelerate, toke
   "${venv}/bin/python" -c "import torch, transformers, gguf, accelerate, tokenizers, safetensors" ||
     die "the reference venv did not install"
 fi
-ln -sfn "${cache}/smollm2" "${dest}/smollm2"
 ln -sfn "${venv}" "${dest}/pyref"
 echo "fetch_smollm2: ${dest}/smollm2/${gguf} and ${dest}/pyref ready"
