@@ -58,6 +58,11 @@ fetch_or_skip "installing the k8s check packages" \
 # shellcheck disable=SC2086
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 ${CTEST_ARGS:-}
 echo "run.sh: ctest done after $(( $(date +%s) - start )) s"
+# The quality benchmark's table (docs/evaluation.md), when it ran.
+if [[ -f "$BUILD/quality_bench.md" ]]; then
+  echo "run.sh: quality_bench on SmolLM2-135M-Instruct:"
+  cat "$BUILD/quality_bench.md"
+fi
 
 # The pip torches of the later steps install while the fuzzers run (they
 # keep one core busy; unpacking the wheels takes the other).
