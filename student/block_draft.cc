@@ -729,14 +729,19 @@ absl::Status BlockDraft::Propose(const std::vector<int32_t>& ids, const torch::T
     const torch::Tensor hn = Backbone(batch, anchors, positions, torch::kFloat32, nullptr)[0];
     const int64_t first = dspark ? 0 : 1;
     const int64_t count = std::min(max_tokens, bs - first);
+    // Every slot's head logits in one GEMM (one pass over the vocab-wide
+    // head); only DSpark's Markov term waits for the previous pick.
+    const torch::Tensor head_logits =
+        torch::linear(hn.narrow(0, first, count), lm_head_.to(torch::kFloat32));
+    torch::Tensor w1, w2;
+    if (dspark) {
+      w1 = parameter("markov_head.markov_w1.weight");
+      w2 = parameter("markov_head.markov_w2.weight").to(torch::kFloat32);
+    }
     int64_t prev = ids.back();
     for (int64_t k = 0; k < count; ++k) {
-      torch::Tensor logits = torch::linear(hn[first + k], lm_head_.to(torch::kFloat32));
-      if (dspark) {
-        const torch::Tensor w1 = parameter("markov_head.markov_w1.weight");
-        const torch::Tensor w2 = parameter("markov_head.markov_w2.weight");
-        logits = logits + torch::linear(w1[prev].to(torch::kFloat32), w2.to(torch::kFloat32));
-      }
+      torch::Tensor logits = head_logits[k];
+      if (dspark) logits = logits + torch::linear(w1[prev].to(torch::kFloat32), w2);
       const int32_t token = chooser.Choose(logits.cpu());
       tokens->push_back(token);
       prev = token;
