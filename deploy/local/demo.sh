@@ -27,7 +27,9 @@ WORK=$(realpath -m "${1:-$BUILD/demo}")
 START=$(date +%s)
 
 ./deploy/local/install-deps.sh
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# The test command's configuration (tests/run.sh), so one build serves both.
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" >/dev/null
 cmake --build "$BUILD" --target specstream specstream-teacher specstream-student \
   specstream-coordinator specstream-eval
 SMOLLM2_GGUF_ONLY=1 bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"

@@ -114,9 +114,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   int RunTool(const std::string& binary, const std::string& args) {
-    const std::string command = binary + " " + args + " >" + dir_.Join("tool.out") + " 2>&1";
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return testing::RunCommand(binary + " " + args, dir_.Join("tool.out"), dir_.Join("tool.out"));
   }
 
   // Starts `binary args` in the background with output in <name>.log.
@@ -183,10 +181,8 @@ class CoordinatorTest : public ::testing::Test {
   int Cli(const std::string& args, bool with_token = true) {
     std::string env = "SPECSTREAM_ADDRESS=" + address_ + " ";
     env += with_token ? std::string("SPECSTREAM_TOKEN=") + kToken + " " : "SPECSTREAM_TOKEN= ";
-    const std::string command = env + SPECSTREAM_CLI_PATH + " " + args + cli_extra_ + " >" +
-                                dir_.Join("cli.out") + " 2>" + dir_.Join("cli.err");
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return testing::RunCommand(env + SPECSTREAM_CLI_PATH + " " + args + cli_extra_,
+                               dir_.Join("cli.out"), dir_.Join("cli.err"));
   }
   std::string CliOut() { return testing::ReadFile(dir_.Join("cli.out")); }
   std::string CliErr() { return testing::ReadFile(dir_.Join("cli.err")); }

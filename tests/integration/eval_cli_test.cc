@@ -18,10 +18,7 @@ namespace {
 class EvalCliTest : public ::testing::Test {
  protected:
   int Run(const std::string& binary, const std::string& args) {
-    const std::string command =
-        binary + " " + args + " >" + dir_.Join("stdout") + " 2>" + dir_.Join("stderr");
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return testing::RunCommand(binary + " " + args, dir_.Join("stdout"), dir_.Join("stderr"));
   }
   int Eval(const std::string& args) { return Run(SPECSTREAM_EVAL_PATH, args); }
   std::string Stdout() { return testing::ReadFile(dir_.Join("stdout")); }

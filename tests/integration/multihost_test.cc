@@ -48,9 +48,7 @@ class MultiHostTest : public ::testing::Test {
   }
 
   int Tool(const std::string& binary, const std::string& args) {
-    const std::string command = binary + " " + args + " >" + dir_.Join("tool.log") + " 2>&1";
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return testing::RunCommand(binary + " " + args, dir_.Join("tool.log"), dir_.Join("tool.log"));
   }
   std::string ToolLog() { return testing::ReadFile(dir_.Join("tool.log")); }
   std::string Log(const std::string& name) {

@@ -37,10 +37,7 @@ constexpr double kTolerance = 0.005;  // 0.5 points
 class RuntimeParityTest : public ::testing::Test {
  protected:
   int Run(const std::string& binary, const std::string& args) {
-    const std::string command =
-        binary + " " + args + " >" + dir_.Join("stdout") + " 2>" + dir_.Join("stderr");
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return testing::RunCommand(binary + " " + args, dir_.Join("stdout"), dir_.Join("stderr"));
   }
   std::string Stderr() { return testing::ReadFile(dir_.Join("stderr")); }
 

@@ -18,10 +18,7 @@ namespace {
 class StudentCliTest : public ::testing::Test {
  protected:
   int Run(const std::string& binary, const std::string& args) {
-    std::string command =
-        binary + " " + args + " >" + dir_.Join("stdout") + " 2>" + dir_.Join("stderr");
-    int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return testing::RunCommand(binary + " " + args, dir_.Join("stdout"), dir_.Join("stderr"));
   }
   int Teacher(const std::string& args) { return Run(SPECSTREAM_TEACHER_PATH, args); }
   int Student(const std::string& args) { return Run(SPECSTREAM_STUDENT_PATH, args); }

@@ -30,10 +30,8 @@ namespace {
 class TeacherCliTest : public ::testing::Test {
  protected:
   int Run(const std::string& args) {
-    std::string command = std::string(SPECSTREAM_TEACHER_PATH) + " " + args + " >" +
-                          dir_.Join("stdout") + " 2>" + dir_.Join("stderr");
-    int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return testing::RunCommand(std::string(SPECSTREAM_TEACHER_PATH) + " " + args,
+                               dir_.Join("stdout"), dir_.Join("stderr"));
   }
   std::string Stdout() { return testing::ReadFile(dir_.Join("stdout")); }
   std::string Stderr() { return testing::ReadFile(dir_.Join("stderr")); }

@@ -1,6 +1,7 @@
 #include "tests/testing/testing.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,15 @@ void WriteFile(const std::string& path, const std::string& contents) {
     ADD_FAILURE() << "cannot write " << path;
     std::abort();
   }
+}
+
+int RunCommand(const std::string& command, const std::string& stdout_path,
+               const std::string& stderr_path) {
+  const std::string redirects = stdout_path == stderr_path
+                                    ? " >" + stdout_path + " 2>&1"
+                                    : " >" + stdout_path + " 2>" + stderr_path;
+  const int status = std::system((command + redirects).c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 std::string ReadFile(const std::string& path) {

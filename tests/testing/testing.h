@@ -24,6 +24,12 @@ class TempDir final {
   std::string path_;
 };
 
+// Runs `command` through the shell with its stdout written to `stdout_path`
+// and its stderr to `stderr_path` (the same path keeps both in one file);
+// returns its exit status, or -1 when it did not exit normally.
+int RunCommand(const std::string& command, const std::string& stdout_path,
+               const std::string& stderr_path);
+
 // Writes `contents` to `path`, replacing it; aborts the test on failure.
 void WriteFile(const std::string& path, const std::string& contents);
 // Reads the whole file; aborts the test on failure.

@@ -26,10 +26,8 @@ class DataCommandsTest : public ::testing::Test {
 
   // Runs the real binary; returns its exit code. stdout/stderr go to files.
   int RunCli(const std::string& args) {
-    std::string command = std::string(SPECSTREAM_CLI_PATH) + " " + args + " >" +
-                          dir_.Join("stdout") + " 2>" + dir_.Join("stderr");
-    int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return testing::RunCommand(std::string(SPECSTREAM_CLI_PATH) + " " + args, dir_.Join("stdout"),
+                               dir_.Join("stderr"));
   }
 
   std::vector<std::string> DirectoryEntries() {
