@@ -21,7 +21,12 @@
 #     tokens a round; at least 90 % of decodes are reproduced.
 # No ranking among the three is asserted.
 #
-#   tests/bench/quality_bench.sh BUILD_DIR [WORK_DIR]
+#   tests/bench/quality_bench.sh BUILD_DIR [WORK_DIR [train|decode]]
+# Without a phase it runs both. ctest runs them as two tests on
+# BUILD_DIR/quality_bench: `quality_bench_train` (stores and training, no
+# timing, so it runs beside the other tests) and `quality_bench` (decoding,
+# alone, since it reports wall-clock ratios); train leaves WORK_DIR/trained
+# for decode to find.
 # Sizes (environment), CI's by default: QUALITY_PROMPTS held-out prompts
 # decoded (6), QUALITY_UNTRAINED_PROMPTS for the untrained drafts (3),
 # QUALITY_MAX_NEW tokens per answer (32), QUALITY_TRAIN_SAMPLES training
@@ -33,6 +38,13 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(realpath "$1")
 WORK=${2:-}
+PHASE=${3:-all}
+case $PHASE in
+  all) ;;
+  train | decode)
+    [[ -n "$WORK" ]] || { echo "quality_bench: the $PHASE phase needs a WORK_DIR" >&2; exit 2; } ;;
+  *) echo "quality_bench: phase '$PHASE': expected train or decode" >&2; exit 2 ;;
+esac
 if [[ -z "$WORK" ]]; then
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
@@ -59,12 +71,15 @@ if [[ ! -f "$GGUF" ]]; then
   exit 77
 fi
 
-"$BIN/specstream-teacher" import-gguf --gguf "$GGUF" --out "$WORK/target" >/dev/null
-# The committed answers are the target's own (specstream-eval generate):
-# regenerating two held-out ones must give them back token for token.
-"$BIN/specstream-eval" generate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
-  --split holdout --limit 2 --max-new 96 --out "$WORK/regenerated.jsonl" 2>/dev/null
-python3 - "$DATA/answers.jsonl" "$WORK" "$TRAIN_SAMPLES" <<'PY'
+train() {
+  # What an earlier run left is replaced.
+  rm -rf "$WORK/trained" "$WORK/target" "$WORK"/store-* "$WORK"/ckpt-* "$BUILD/quality_bench.md"
+  "$BIN/specstream-teacher" import-gguf --gguf "$GGUF" --out "$WORK/target" >/dev/null
+  # The committed answers are the target's own (specstream-eval generate):
+  # regenerating two held-out ones must give them back token for token.
+  "$BIN/specstream-eval" generate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
+    --split holdout --limit 2 --max-new 96 --out "$WORK/regenerated.jsonl" 2>/dev/null
+  python3 - "$DATA/answers.jsonl" "$WORK" "$TRAIN_SAMPLES" <<'PY'
 import json, sys
 answers, work, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
 records = [json.loads(line) for line in open(answers) if line.strip()]
@@ -85,34 +100,34 @@ print(f"quality_bench: {len(train)} training samples "
       f"({sum(len(r['input_ids']) for r in train)} tokens), {len(held)} held-out; "
       "committed answers regenerate exactly")
 PY
-for split in train holdout; do
-  "$BIN/specstream-teacher" dump --model "$WORK/target" --data "$WORK/$split.jsonl" \
-    --out "$WORK/store-$split" --keep-target-ids >/dev/null 2>"$WORK/dump-$split.log" \
-    || { cat "$WORK/dump-$split.log" >&2; exit 1; }
-done
-stamp "the stores are written"
+  for split in train holdout; do
+    "$BIN/specstream-teacher" dump --model "$WORK/target" --data "$WORK/$split.jsonl" \
+      --out "$WORK/store-$split" --keep-target-ids >/dev/null 2>"$WORK/dump-$split.log" \
+      || { cat "$WORK/dump-$split.log" >&2; exit 1; }
+  done
+  stamp "the stores are written"
 
-# One job per draft: the same store, epochs, batch and optimizer, so the
-# same tokens. The block drafts read EAGLE-3's capture layers.
-job() {  # KIND
-  local kind=$1 draft
-  case $kind in
-    eagle3) draft="draft_vocab_size: 4096" ;;
-    dflash) draft="type: dflash
+  # One job per draft: the same store, epochs, batch and optimizer, so the
+  # same tokens. The block drafts read EAGLE-3's capture layers.
+  job() {  # KIND
+    local kind=$1 draft
+    case $kind in
+      eagle3) draft="draft_vocab_size: 4096" ;;
+      dflash) draft="type: dflash
     block_size: 16
     num_anchors: 16
     mask_token_id: 0
     target_layer_ids: [1, 14, 26]" ;;
-    dspark) draft="type: dspark
+      dspark) draft="type: dspark
     block_size: 7
     num_anchors: 16
     mask_token_id: 0
     markov_rank: 64
     target_layer_ids: [1, 14, 26]" ;;
-  esac
-  local ttt=""
-  [[ $kind == eagle3 ]] && ttt="ttt_steps: 7"
-  cat >"$WORK/$kind.yaml" <<YAML
+    esac
+    local ttt=""
+    [[ $kind == eagle3 ]] && ttt="ttt_steps: 7"
+    cat >"$WORK/$kind.yaml" <<YAML
 name: quality-$kind
 data:
   store: $WORK/store-train
@@ -135,28 +150,36 @@ checkpoint:
   dir: $WORK/ckpt-$kind
   every_steps: 100000
 YAML
+  }
+  for kind in eagle3 dflash dspark; do
+    job "$kind"
+    "$BIN/specstream-student" train --config "$WORK/$kind.yaml" >"$WORK/train-$kind.log" 2>&1 \
+      || { tail -20 "$WORK/train-$kind.log" >&2; exit 1; }
+    "$BIN/specstream-student" eval --checkpoint "$WORK/ckpt-$kind" --data "$WORK/store-holdout" \
+      >"$WORK/eval-$kind.json" 2>/dev/null
+    stamp "$kind trained ($(grep -o '[0-9]* tok/s elapsed [0-9:]*' "$WORK/train-$kind.log" | tail -1))"
+  done
+  touch "$WORK/trained"
 }
-for kind in eagle3 dflash dspark; do
-  job "$kind"
-  "$BIN/specstream-student" train --config "$WORK/$kind.yaml" >"$WORK/train-$kind.log" 2>&1 \
-    || { tail -20 "$WORK/train-$kind.log" >&2; exit 1; }
-  "$BIN/specstream-student" eval --checkpoint "$WORK/ckpt-$kind" --data "$WORK/store-holdout" \
-    >"$WORK/eval-$kind.json" 2>/dev/null
-  stamp "$kind trained ($(grep -o '[0-9]* tok/s elapsed [0-9:]*' "$WORK/train-$kind.log" | tail -1))"
-done
 
-"$BIN/specstream-eval" speculate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
-  --split holdout --limit "$PROMPTS_N" --max-new "$MAX_NEW" --temperatures 0,1 \
-  --draft "$WORK/ckpt-eagle3" --draft "$WORK/ckpt-dflash" --draft "$WORK/ckpt-dspark" \
-  --json "$WORK/trained.json" 2>"$WORK/speculate.log"
-stamp "trained drafts decoded"
-"$BIN/specstream-eval" speculate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
-  --split holdout --limit "$UNTRAINED_N" --max-new "$MAX_NEW" --temperatures 0 \
-  --untrained-draft "$WORK/ckpt-eagle3" --untrained-draft "$WORK/ckpt-dflash" \
-  --untrained-draft "$WORK/ckpt-dspark" --json "$WORK/untrained.json" 2>>"$WORK/speculate.log"
-stamp "untrained drafts decoded"
+decode() {
+  if [[ ! -f "$WORK/trained" ]]; then
+    echo "quality_bench: $WORK holds no trained drafts: the train phase failed or did not run" >&2
+    exit 1
+  fi
 
-python3 - "$WORK" "$MARGIN" "$BUILD/quality_bench.md" <<'PY'
+  "$BIN/specstream-eval" speculate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
+    --split holdout --limit "$PROMPTS_N" --max-new "$MAX_NEW" --temperatures 0,1 \
+    --draft "$WORK/ckpt-eagle3" --draft "$WORK/ckpt-dflash" --draft "$WORK/ckpt-dspark" \
+    --json "$WORK/trained.json" 2>"$WORK/speculate.log"
+  stamp "trained drafts decoded"
+  "$BIN/specstream-eval" speculate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
+    --split holdout --limit "$UNTRAINED_N" --max-new "$MAX_NEW" --temperatures 0 \
+    --untrained-draft "$WORK/ckpt-eagle3" --untrained-draft "$WORK/ckpt-dflash" \
+    --untrained-draft "$WORK/ckpt-dspark" --json "$WORK/untrained.json" 2>>"$WORK/speculate.log"
+  stamp "untrained drafts decoded"
+
+  python3 - "$WORK" "$MARGIN" "$BUILD/quality_bench.md" <<'PY'
 import json, sys
 work, margin, table_path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 table = []
@@ -217,4 +240,8 @@ if failures:
     sys.exit("quality_bench: FAILED\n  " + "\n  ".join(failures))
 print("quality_bench: every check passed")
 PY
-stamp "done"
+  stamp "done"
+}
+
+if [[ $PHASE != decode ]]; then train; fi
+if [[ $PHASE != train ]]; then decode; fi
