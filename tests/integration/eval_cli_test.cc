@@ -1,9 +1,7 @@
 // specstream-eval as a user runs it, on a tiny random target with a tiny
 // tokenizer: generate the target's answers, dump and train an EAGLE-3 and a
 // DFlash draft on them, then decode speculatively; and the refusals.
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -71,7 +69,9 @@ TEST_F(EvalCliTest, GenerateTrainAndSpeculate) {
     int answer = 0;
     for (size_t i = 0; i < mask.size(); ++i) {
       if (mask[i] == 1) ++answer;
-      if (i > 0) EXPECT_GE(mask[i], mask[i - 1]) << "the mask is not prompt-then-answer";
+      if (i > 0) {
+        EXPECT_GE(mask[i], mask[i - 1]) << "the mask is not prompt-then-answer";
+      }
     }
     EXPECT_GE(answer, 1);
     EXPECT_LE(answer, 6);

@@ -4,7 +4,6 @@
 // (weights after the first step bitwise; loss and acc at the last step), and
 // a failed rendezvous must end every rank within its deadline.
 #include <signal.h>
-#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdlib>

@@ -10,13 +10,11 @@
 // target (seed 2) that a user pointed at by mistake, must miss the hf draft
 // by far more than that, or the comparison could not tell stores apart (a
 // draft that learned nothing would also match).
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 

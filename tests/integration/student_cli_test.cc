@@ -1,6 +1,5 @@
 // The offline path end to end, as a user runs it: init-random a target, dump
 // a store, train with two local DDP ranks from a job YAML, export, eval.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -1,8 +1,6 @@
 #include "services/cli/data_commands.h"
 
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
