@@ -11,10 +11,7 @@
 # Fails unless, for each draft:
 #   * at T = 0 its output equals target-only greedy decoding for every prompt;
 #   * trained real τ(T = 0) beats the same draft untrained by MARGIN and by
-#     three standard errors of the difference (EAGLE-3 and DSpark; DFlash's
-#     is printed, not asserted: at this budget, one epoch of 36k tokens on
-#     two cores, its single layer has not yet learned to read the context,
-#     see docs/evaluation.md);
+#     three standard errors of the difference;
 #   * real τ(T = 0) equals the teacher-forced replay: exactly on the decodes
 #     the replay reproduces round for round (every decode whose proposals
 #     the captures' rounding leaves alone), and on the others within K+1
@@ -31,7 +28,7 @@
 # decoded (6), QUALITY_UNTRAINED_PROMPTS for the untrained drafts (3),
 # QUALITY_MAX_NEW tokens per answer (32), QUALITY_TRAIN_SAMPLES training
 # samples (0: all 324),
-# QUALITY_EPOCHS (1), QUALITY_MARGIN (0.05; three standard errors of the
+# QUALITY_EPOCHS (2), QUALITY_MARGIN (0.05; three standard errors of the
 # difference when that is more).
 # Exits 77 (skipped) without the SmolLM2 fixture, except under CI=true.
 set -euo pipefail
@@ -54,7 +51,7 @@ PROMPTS_N=${QUALITY_PROMPTS:-6}
 UNTRAINED_N=${QUALITY_UNTRAINED_PROMPTS:-3}
 MAX_NEW=${QUALITY_MAX_NEW:-32}
 TRAIN_SAMPLES=${QUALITY_TRAIN_SAMPLES:-0}
-EPOCHS=${QUALITY_EPOCHS:-1}
+EPOCHS=${QUALITY_EPOCHS:-2}
 MARGIN=${QUALITY_MARGIN:-0.05}
 GGUF=$BUILD/fixtures/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 DATA=$ROOT/tests/data/smollm2
@@ -107,8 +104,9 @@ PY
   done
   stamp "the stores are written"
 
-  # One job per draft: the same store, epochs, batch and optimizer, so the
-  # same tokens. The block drafts read EAGLE-3's capture layers.
+  # One job per draft: the same store, epochs and batch, so the same
+  # tokens, and the same optimizer but for its step size. The block drafts
+  # read EAGLE-3's capture layers.
   job() {  # KIND
     local kind=$1 draft
     case $kind in
@@ -125,8 +123,13 @@ PY
     markov_rank: 64
     target_layer_ids: [1, 14, 26]" ;;
     esac
-    local ttt=""
-    [[ $kind == eagle3 ]] && ttt="ttt_steps: 7"
+    # The step size per type (the peers too set it per draft type):
+    # 5e-3 for EAGLE-3 (its trained head and direct inputs learn fast);
+    # 1e-3 for the block drafts, whose mask slots read the context only
+    # through attention: at 5e-3 they settle on the unigram answer and stay
+    # there (docs/evaluation.md).
+    local ttt="" lr=1.0e-3
+    [[ $kind == eagle3 ]] && ttt="ttt_steps: 7" && lr=5.0e-3
     cat >"$WORK/$kind.yaml" <<YAML
 name: quality-$kind
 data:
@@ -136,12 +139,12 @@ model:
   draft:
     $draft
 optimizer:
-  lr: 5.0e-3
+  lr: $lr
   warmup_ratio: 0.05
   schedule: cosine
 training:
   epochs: $EPOCHS
-  batch_size: 2
+  batch_size: 1
   $ttt
   seed: 0
   dtype: float32
@@ -215,12 +218,8 @@ for kind in ("eagle3", "dflash", "dspark"):
     # difference (rounds as independent draws).
     need = max(margin, 3 * (t0["tau_stderr"] ** 2 + un["tau_stderr"] ** 2) ** 0.5)
     if t0["tau"] < un["tau"] + need:
-        message = (f"{kind}: trained τ {t0['tau']:.3f} does not beat untrained "
-                   f"{un['tau']:.3f} by {need:.3f}")
-        if kind == "dflash":
-            notes.append(message + " (not asserted for DFlash yet)")
-        else:
-            failures.append(message)
+        failures.append(f"{kind}: trained τ {t0['tau']:.3f} does not beat untrained "
+                        f"{un['tau']:.3f} by {need:.3f}")
     if t0["replayed_exactly"] < 0.9 * t0["prompts"]:
         failures.append(f"{kind}: only {t0['replayed_exactly']} of {t0['prompts']} decodes "
                         "replayed round for round")
