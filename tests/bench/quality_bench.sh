@@ -108,9 +108,14 @@ PY
   # tokens, and the same optimizer but for its step size. The block drafts
   # read EAGLE-3's capture layers.
   job() {  # KIND
-    local kind=$1 draft
+    # The step size per type (the peers too set it per draft type): 5e-3
+    # for EAGLE-3 (its trained head and direct inputs learn fast); 1e-3 for
+    # the block drafts, whose mask slots read the context only through
+    # attention: at 5e-3 they settle on the unigram answer and stay there
+    # (docs/evaluation.md).
+    local kind=$1 draft ttt="" lr=1.0e-3
     case $kind in
-      eagle3) draft="draft_vocab_size: 4096" ;;
+      eagle3) draft="draft_vocab_size: 4096" ttt="ttt_steps: 7" lr=5.0e-3 ;;
       dflash) draft="type: dflash
     block_size: 16
     num_anchors: 16
@@ -123,13 +128,6 @@ PY
     markov_rank: 64
     target_layer_ids: [1, 14, 26]" ;;
     esac
-    # The step size per type (the peers too set it per draft type):
-    # 5e-3 for EAGLE-3 (its trained head and direct inputs learn fast);
-    # 1e-3 for the block drafts, whose mask slots read the context only
-    # through attention: at 5e-3 they settle on the unigram answer and stay
-    # there (docs/evaluation.md).
-    local ttt="" lr=1.0e-3
-    [[ $kind == eagle3 ]] && ttt="ttt_steps: 7" && lr=5.0e-3
     cat >"$WORK/$kind.yaml" <<YAML
 name: quality-$kind
 data:

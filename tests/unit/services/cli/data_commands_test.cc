@@ -1,6 +1,5 @@
 #include "services/cli/data_commands.h"
 
-
 #include <filesystem>
 #include <sstream>
 
