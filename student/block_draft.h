@@ -148,6 +148,11 @@ struct BlockOutputs {
 
 inline constexpr int64_t kCalibrationBins = 10;
 
+// Σ|x| over the last dimension, accumulated in float64 and returned in x's
+// dtype: DSpark's L1 term over the whole vocabulary (its confidence target
+// 1 − L1/2 inherits any error).
+torch::Tensor RowAbsSum(const torch::Tensor& x);
+
 // Expected calibration error from summed bins: Σ_bin |Σ pred - Σ target| /
 // total count.
 double CalibrationError(const double* bins, int64_t num_bins);

@@ -247,6 +247,12 @@ absl::StatusOr<nlohmann::json> BlockExportConfigJson(const BlockExport& in) {
     j["enable_confidence_head"] = o.confidence_head;
     j["confidence_head_with_markov"] = o.confidence_with_markov;
   }
+  nlohmann::json training = {{"num_anchors", o.num_anchors},
+                             {"loss_decay_gamma", o.loss_decay_gamma}};
+  if (o.kind == BlockDraftKind::kDSpark) {
+    training["loss_weights"] = {{"ce", o.ce_weight}, {"l1", o.l1_weight}, {"conf", o.conf_weight}};
+  }
+  j[kBlockTrainingKey] = training;
   return j;
 }
 
@@ -328,6 +334,21 @@ absl::StatusOr<BlockExport> ReadBlockExport(const std::string& dir) {
       o.markov_rank = read("markov_rank").get<int64_t>();
       o.confidence_head = read("enable_confidence_head").get<bool>();
       o.confidence_with_markov = read("confidence_head_with_markov").get<bool>();
+    }
+    out.has_training_options = j.contains(kBlockTrainingKey);
+    if (out.has_training_options) {
+      const nlohmann::json& training = j.at(kBlockTrainingKey);
+      key = absl::StrCat(kBlockTrainingKey, ".num_anchors");
+      o.num_anchors = training.at("num_anchors").get<int64_t>();
+      key = absl::StrCat(kBlockTrainingKey, ".loss_decay_gamma");
+      o.loss_decay_gamma = training.at("loss_decay_gamma").get<double>();
+      if (!dflash) {
+        key = absl::StrCat(kBlockTrainingKey, ".loss_weights");
+        const nlohmann::json& weights = training.at("loss_weights");
+        o.ce_weight = weights.at("ce").get<double>();
+        o.l1_weight = weights.at("l1").get<double>();
+        o.conf_weight = weights.at("conf").get<double>();
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     return annotate(ConfigError(key, e.what()));

@@ -59,12 +59,23 @@ namespace specstream::student {
 inline constexpr char kDFlashArchitecture[] = "DFlashDraftModel";
 inline constexpr char kDSparkArchitecture[] = "Qwen3DSparkModel";
 
+// config.json's object of the training-only options an evaluation of the
+// export needs (the servers ignore it): {"num_anchors", "loss_decay_gamma",
+// and for DSpark "loss_weights": {"ce", "l1", "conf"}}.
+inline constexpr char kBlockTrainingKey[] = "specstream_training";
+
 // Everything a block-draft export holds.
 struct BlockExport {
   // kind, num_layers, block_size, mask_token_id, target_layer_ids and (DSpark)
-  // markov_rank, confidence_head, confidence_with_markov are exported; the
-  // training-only fields are not (ReadBlockExport leaves their defaults).
+  // markov_rank, confidence_head, confidence_with_markov are the servers'
+  // fields; num_anchors, loss_decay_gamma and the loss weights travel under
+  // kBlockTrainingKey, so that evaluating an export equals evaluating its
+  // checkpoint.
   BlockDraftOptions options;
+  // Whether config.json carried kBlockTrainingKey (ReadBlockExport; an
+  // export from another tool does not, and then the training-only options
+  // keep their defaults).
+  bool has_training_options = true;
   // The draft's sizes and the target's rope / positions / vocab
   // (target_vocab_size). num_captures must equal target_layer_ids.size() and
   // hidden_size target_hidden_size; draft_vocab_size is not exported

@@ -10,6 +10,7 @@
 #include "common/torch/tensor_util.h"
 #include "student/context_parallel.h"
 #include "student/eagle3_alignment.h"
+#include "student/export.h"
 #include "student/metrics_sink.h"
 #include "student/soft_cross_entropy.h"
 #include "student/ttt_attention.h"
@@ -20,6 +21,16 @@ namespace {
 constexpr double kInitStd = 0.02;
 
 }  // namespace
+
+absl::Status ValidateEagle3Options(const Eagle3Options& options) {
+  if (options.fc_norm && options.norm_before_fc) {
+    return absl::InvalidArgumentError(
+        "model.draft.fc_norm and model.draft.norm_before_fc are both set: a draft normalises "
+        "its captures per layer (fc_norm) or over their concatenation (norm_before_fc), not "
+        "both");
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> LoadTargetEmbeddings(
     const std::string& target_dir, int64_t vocab, int64_t hidden, torch::Device device) {
@@ -54,8 +65,9 @@ torch::Tensor& Eagle3Draft::parameter(const std::string& name) {
 
 absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(
     const DraftShape& shape, const std::string& target_dir, const VocabMap& vocab_map,
-    uint64_t seed, bool need_full_lm_head, torch::Device device) {
+    uint64_t seed, bool need_full_lm_head, torch::Device device, const Eagle3Options& options) {
   const DraftShape& s = shape;
+  RETURN_IF_ERROR(ValidateEagle3Options(options));
   auto positive = [](const char* field, int64_t v) -> absl::Status {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("draft ", field, " must be positive, got ", v));
@@ -85,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(
   }
   std::unique_ptr<Eagle3Draft> draft(new Eagle3Draft());
   draft->shape_ = s;
+  draft->options_ = options;
   draft->vocab_map_ = vocab_map;
   const int64_t H = s.hidden_size, Ht = s.target_hidden_size, V = s.target_vocab_size;
 
@@ -118,6 +131,14 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(
   draft->Add("midlayer.post_attention_layernorm.weight", torch::ones({H}));
   draft->Add("norm.weight", torch::ones({H}));
   draft->Add("lm_head.weight", draft->teacher_head_.clone());
+  // EAGLE 3.1's norms come last, so that an EAGLE-3 draft draws exactly the
+  // same initial weights with or without them.
+  if (options.fc_norm) {
+    for (int64_t i = 0; i < s.num_captures; ++i) {
+      draft->Add(FcNormTensorName(i), torch::ones({Ht}));
+    }
+  }
+  if (options.norm_before_fc) draft->Add(kNormBeforeFcTensor, torch::ones({s.num_captures * Ht}));
   for (auto& [name, p] : draft->params_) {
     p = p.detach().to(device).set_requires_grad(true);
   }
@@ -125,6 +146,27 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(
                    nn::Rotary::Create(D, s.rope_theta, s.rope_scaling, s.max_position_embeddings));
   draft->rotary_.emplace(std::move(rotary));
   return draft;
+}
+
+torch::Tensor Eagle3Draft::FcInput(const torch::Tensor& aux, torch::Dtype cd) {
+  const double eps = shape_.rms_norm_eps;
+  torch::Tensor x = aux.to(cd);
+  if (options_.fc_norm) {
+    const int64_t ht = shape_.target_hidden_size;
+    std::vector<torch::Tensor> parts;
+    for (int64_t i = 0; i < shape_.num_captures; ++i) {
+      parts.push_back(nn::RmsNorm(x.narrow(-1, i * ht, ht),
+                                  parameter(FcNormTensorName(i)).to(cd), eps));
+    }
+    x = torch::cat(parts, -1);
+  } else if (options_.norm_before_fc) {
+    x = nn::RmsNorm(x, parameter(kNormBeforeFcTensor).to(cd), eps);
+  }
+  return torch::linear(x, parameter("fc.weight").to(cd));
+}
+
+torch::Tensor Eagle3Draft::NextHidden(const torch::Tensor& h, const torch::Tensor& norm) const {
+  return options_.norm_output ? nn::RmsNorm(h, norm, shape_.rms_norm_eps) : h;
 }
 
 torch::Tensor Eagle3Draft::TeacherArgmax(const DraftBatch& batch) const {
@@ -204,7 +246,7 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
       teacher_logp = logits.sub_(logits.logsumexp(-1, /*keepdim=*/true));
       in_vocab = InDraftVocab(batch);
     }
-    torch::Tensor h = torch::linear(batch.aux_hidden.to(cd), P("fc.weight"));
+    torch::Tensor h = FcInput(batch.aux_hidden, cd);
     auto [cos_all, sin_all] = rotary_->CosSin(
         torch::arange(batch.offset, batch.offset + t + ttt_steps, batch.lengths.options()), cd);
     torch::Tensor k0, v0;
@@ -295,7 +337,7 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
         loss_sums.push_back(none.to(torch::kFloat64));
       }
       decay *= kTttLossDecay;
-      h = h_next;
+      h = NextHidden(h_next, norm);
     }
     out.weighted_loss = weighted;
     out.loss_sum = torch::stack(loss_sums);
@@ -333,7 +375,7 @@ absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     // Step 0 over every row: keys/values of all rows, the last row's query.
     std::vector<int64_t> next_ids(ids.begin() + 1, ids.end());
-    torch::Tensor h = torch::linear(aux.to(device(), f32), P("fc.weight"));  // [rows, H]
+    torch::Tensor h = FcInput(aux.to(device()), f32);  // [rows, H]
     torch::Tensor token_embed = embed_.index_select(0, torch::tensor(next_ids, used.options()));
     torch::Tensor keys, values;  // [KV, rows + k, D]
     torch::Tensor h_row;         // [1, H]: the last row's hidden state
@@ -363,8 +405,9 @@ absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::
                             nn::RmsNorm(h_next, P("midlayer.post_attention_layernorm.weight"), eps),
                             P("midlayer.mlp.gate_proj.weight"), P("midlayer.mlp.up_proj.weight"),
                             P("midlayer.mlp.down_proj.weight"));
+      const torch::Tensor norm = P("norm.weight");
       torch::Tensor draft_logits =
-          torch::linear(nn::RmsNorm(h_next, P("norm.weight"), eps), P("lm_head.weight"))[0];
+          torch::linear(nn::RmsNorm(h_next, norm, eps), P("lm_head.weight"))[0];
       torch::Tensor logits = torch::full(
           {s.target_vocab_size}, -std::numeric_limits<float>::infinity(), draft_logits.options());
       logits.index_copy_(0, used, draft_logits);
@@ -372,7 +415,7 @@ absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::
       tokens->push_back(token);
       token_embed =
           embed_.index_select(0, torch::tensor({static_cast<int64_t>(token)}, used.options()));
-      h_row = h_next;
+      h_row = NextHidden(h_next, norm);
     }
   });
 }

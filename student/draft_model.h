@@ -7,6 +7,11 @@
 //   midlayer.self_attn.o_proj.weight, midlayer.mlp.{gate,up,down}_proj.weight
 //   midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}.weight
 //   norm.weight, lm_head.weight [draft_vocab, H]
+// EAGLE 3.1 (Eagle3Options, all off by default, which is EAGLE-3 exactly):
+//   fc_norm.{i}.weight [Ht]  fc_norm: one RMSNorm per captured layer before fc
+//                            (vLLM loads it as model.fc_norm.{i}.weight)
+//   input_norm.weight [C·Ht] norm_before_fc: one RMSNorm over the
+//                            concatenated captures before fc
 // Frozen (from the target checkpoint): embed_tokens [V, Ht] and the target
 // lm_head rows selected by t2d [draft_vocab, Ht] (the teacher distribution),
 // plus the full target lm_head when the data carries no target_ids.
@@ -47,6 +52,27 @@ struct DraftShape {
   RopeScaling rope_scaling;
   int64_t max_position_embeddings = 0;
 };
+
+// EAGLE 3.1's opt-in changes to the EAGLE-3 draft (docs/eagle3.md). All
+// false is EAGLE-3, bit for bit.
+//   fc_norm: fc(cat(Norm_0(h_a), Norm_1(h_b), Norm_2(h_c))), a separate
+//     RMSNorm (weight fc_norm.{i}.weight [Ht]) over each captured layer.
+//   norm_before_fc: fc(Norm(cat(h_a, h_b, h_c))), one RMSNorm over the
+//     concatenation (weight input_norm.weight [C·Ht]); NVIDIA's gpt-oss
+//     drafts. Exclusive with fc_norm.
+//   norm_output: the next TTT step takes the post-norm hidden state
+//     norm(h) as its hidden input (and residual) instead of the raw layer
+//     output h; the lm_head reads norm(h) either way. No new parameters.
+struct Eagle3Options {
+  bool fc_norm = false;
+  bool norm_output = false;
+  bool norm_before_fc = false;
+  bool any() const { return fc_norm || norm_output || norm_before_fc; }
+};
+
+// InvalidArgument naming both model.draft fields when fc_norm and
+// norm_before_fc are both set.
+absl::Status ValidateEagle3Options(const Eagle3Options& options);
 
 // A batch of samples right-padded to a common length, or (context
 // parallelism) one rank's shard of such a batch: T rows of global positions
@@ -102,7 +128,8 @@ class Eagle3Draft final {
                                                              const std::string& target_dir,
                                                              const VocabMap& vocab_map,
                                                              uint64_t seed, bool need_full_lm_head,
-                                                             torch::Device device = torch::kCPU);
+                                                             torch::Device device = torch::kCPU,
+                                                             const Eagle3Options& options = {});
 
   // The TTT unroll over `ttt_steps` steps, on the device of the draft (the
   // batch must be there too). `valid_denominators` (int64 [K], same device)
@@ -142,6 +169,7 @@ class Eagle3Draft final {
   torch::Tensor& parameter(const std::string& name);
   const DraftShape& shape() const { return shape_; }
   const VocabMap& vocab_map() const { return vocab_map_; }
+  const Eagle3Options& options() const { return options_; }
 
  private:
   Eagle3Draft() = default;
@@ -151,10 +179,17 @@ class Eagle3Draft final {
   torch::Tensor TeacherArgmax(const DraftBatch& batch) const;
   // [B, T + halo] bool: position's teacher argmax lies in the draft vocab.
   torch::Tensor InDraftVocab(const DraftBatch& batch) const;
+  // Step 0's hidden input fc(aux), with the options' norms before fc; aux
+  // [..., C·Ht] in any float dtype, computed in `cd`.
+  torch::Tensor FcInput(const torch::Tensor& aux, torch::Dtype cd);
+  // The hidden input of the step after one whose layer output is `h`
+  // (norm(h) under norm_output, else h itself).
+  torch::Tensor NextHidden(const torch::Tensor& h, const torch::Tensor& norm) const;
   // valid[k] over the batch's own rows as a [B, T] bool mask.
   torch::Tensor ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab, int k) const;
 
   DraftShape shape_;
+  Eagle3Options options_;
   VocabMap vocab_map_;
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   std::map<std::string, size_t> index_;

@@ -37,13 +37,21 @@ struct Expected {
   Kind kind;
 };
 
+}  // namespace
+
+std::string FcNormTensorName(int64_t capture) {
+  return absl::StrCat("fc_norm.", capture, ".weight");
+}
+
+namespace {
+
 std::vector<Expected> ExpectedTensors(const ExportConfig& c) {
   const int64_t h = c.hidden_size;
   const int64_t th = c.target_hidden_size > 0 ? c.target_hidden_size : h;
   const int64_t q = c.num_attention_heads * c.head_dim;
   const int64_t kv = c.num_key_value_heads * c.head_dim;
   const int64_t i = c.intermediate_size;
-  return {
+  std::vector<Expected> out = {
       {"fc.weight", {h, 3 * th}, Kind::kWeight},
       {"midlayer.self_attn.q_proj.weight", {q, 2 * h}, Kind::kWeight},
       {"midlayer.self_attn.k_proj.weight", {kv, 2 * h}, Kind::kWeight},
@@ -60,6 +68,13 @@ std::vector<Expected> ExpectedTensors(const ExportConfig& c) {
       {"d2t", {c.draft_vocab_size}, Kind::kD2t},
       {"t2d", {c.vocab_size}, Kind::kT2d},
   };
+  if (c.fc_norm) {
+    for (int64_t k = 0; k < 3; ++k) {
+      out.push_back({FcNormTensorName(k), {th}, Kind::kWeight});
+    }
+  }
+  if (c.norm_before_fc) out.push_back({kNormBeforeFcTensor, {3 * th}, Kind::kWeight});
+  return out;
 }
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
@@ -87,6 +102,11 @@ absl::Status ValidateConfig(const ExportConfig& c) {
   RETURN_IF_ERROR(positive(c.max_position_embeddings, "max_position_embeddings"));
   RETURN_IF_ERROR(positive(c.vocab_size, "vocab_size"));
   RETURN_IF_ERROR(positive(c.draft_vocab_size, "draft_vocab_size"));
+  if (c.fc_norm && c.norm_before_fc) {
+    return ConfigError("fc_norm",
+                       "true together with norm_before_fc: the captures are normalised per "
+                       "layer or over their concatenation, not both");
+  }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return ConfigError("num_key_value_heads",
                        absl::StrCat(c.num_key_value_heads, " does not divide num_attention_heads ",
@@ -338,6 +358,15 @@ nlohmann::json ExportConfigJson(const ExportConfig& c) {
   std::vector<int64_t> vllm_ids;
   for (int64_t id : c.aux_layer_ids) vllm_ids.push_back(id + 1);
   j["eagle_aux_hidden_state_layer_ids"] = vllm_ids;
+  // EAGLE 3.1: written only when set, so an EAGLE-3 export stays as it was.
+  if (c.fc_norm) j["fc_norm"] = true;
+  if (c.norm_output) j["norm_output"] = true;
+  if (c.norm_before_fc) {
+    // vLLM reads eagle_config's key first, then the top level's; NVIDIA's
+    // drafts write both.
+    j["norm_before_fc"] = true;
+    j["eagle_config"]["norm_before_fc"] = true;
+  }
   return j;
 }
 
@@ -444,6 +473,12 @@ absl::StatusOr<ExportInput> ReadExport(const std::string& dir) {
       c.eos_token_ids = {j["eos_token_id"].get<int64_t>()};
     }
     c.torch_dtype = j.value("torch_dtype", std::string("bfloat16"));
+    c.fc_norm = j.value("fc_norm", false);
+    c.norm_output = j.value("norm_output", false);
+    c.norm_before_fc = j.value("norm_before_fc", false);
+    if (j.contains("eagle_config") && j["eagle_config"].is_object()) {
+      c.norm_before_fc = j["eagle_config"].value("norm_before_fc", c.norm_before_fc);
+    }
     if (j.contains("eagle_config") &&
         j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
       c.aux_layer_ids =

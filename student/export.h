@@ -61,6 +61,14 @@ namespace specstream::student {
 
 inline constexpr char kEagle3Architecture[] = "LlamaForCausalLMEagle3";
 
+// EAGLE 3.1's norm tensors, named as the draft's parameters and the
+// export's tensors. Like every other name here they carry no "model."
+// prefix: vLLM's Eagle3 loader prepends it to all but lm_head (so these
+// load as model.fc_norm.{i} and model.input_norm), as speculators and
+// SpecForge write them.
+std::string FcNormTensorName(int64_t capture);  // "fc_norm.{capture}.weight" [TH]
+inline constexpr char kNormBeforeFcTensor[] = "input_norm.weight";  // [3*TH]
+
 struct ExportConfig {
   // The draft layer.
   int64_t hidden_size = 0;
@@ -85,6 +93,13 @@ struct ExportConfig {
   // When > 0, ids must be < target_num_hidden_layers - 1 (the output of the
   // last layer has no next layer to be captured at). Not written.
   int64_t target_num_hidden_layers = 0;
+  // EAGLE 3.1 (student/draft_model.h Eagle3Options; docs/eagle3.md): each
+  // is written to config.json when set, and fc_norm / norm_before_fc add
+  // their norm tensors (kFcNormTensorFormat, kNormBeforeFcTensor). fc_norm
+  // with norm_before_fc is refused.
+  bool fc_norm = false;
+  bool norm_output = false;
+  bool norm_before_fc = false;
   // dtype of the exported float weights: "bfloat16" (default), "float16" or
   // "float32". d2t stays I64 and t2d BOOL.
   std::string torch_dtype = "bfloat16";

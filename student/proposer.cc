@@ -1,43 +1,30 @@
 #include "student/proposer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/status.h"
-#include "student/block_draft.h"
-#include "student/draft_model.h"
-#include "student/student_commands.h"
+#include "student/draft.h"
 
 namespace specstream::student {
 namespace {
 
-class Eagle3Proposer final : public spec::Draft {
+// Any trainable draft as a proposer: at most ProposalLength(K) tokens a
+// round (EAGLE-3's chain of K, a block draft's block).
+class DraftProposer final : public spec::Draft {
  public:
-  Eagle3Proposer(std::unique_ptr<Eagle3Draft> draft, int64_t k)
-      : draft_(std::move(draft)), k_(k) {}
-  int64_t max_proposal() const override { return k_; }
+  DraftProposer(std::unique_ptr<TrainableDraft> draft, int64_t chain_length)
+      : draft_(std::move(draft)), length_(draft_->ProposalLength(chain_length)) {}
+  int64_t max_proposal() const override { return length_; }
   absl::Status Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
                        int64_t max_tokens, spec::TokenChooser& chooser,
                        std::vector<int32_t>* tokens) override {
-    return draft_->Propose(ids, aux, std::min(max_tokens, k_), chooser, tokens);
+    return draft_->Propose(ids, aux, std::min(max_tokens, length_), chooser, tokens);
   }
 
  private:
-  std::unique_ptr<Eagle3Draft> draft_;
-  int64_t k_;
-};
-
-class BlockProposer final : public spec::Draft {
- public:
-  explicit BlockProposer(std::unique_ptr<BlockDraft> draft) : draft_(std::move(draft)) {}
-  int64_t max_proposal() const override { return draft_->proposal_length(); }
-  absl::Status Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
-                       int64_t max_tokens, spec::TokenChooser& chooser,
-                       std::vector<int32_t>* tokens) override {
-    return draft_->Propose(ids, aux, max_tokens, chooser, tokens);
-  }
-
- private:
-  std::unique_ptr<BlockDraft> draft_;
+  std::unique_ptr<TrainableDraft> draft_;
+  int64_t length_;
 };
 
 }  // namespace
@@ -48,36 +35,18 @@ absl::StatusOr<LoadedProposer> LoadProposer(const std::string& path,
   if (chain_length < 1) {
     return absl::InvalidArgumentError("the EAGLE-3 chain length must be at least 1");
   }
+  RestoreOptions options;
+  options.target_dir = target_dir;
+  ASSIGN_OR_RETURN(RestoredDraft restored, RestoreDraft(path, options));
   LoadedProposer out;
-  ASSIGN_OR_RETURN(bool block, HoldsBlockDraft(path));
-  if (block) {
-    ASSIGN_OR_RETURN(RestoredBlockDraft restored, RestoreBlockDraft(path, target_dir));
-    out.target_dir = restored.state["target_dir"].get<std::string>();
-    std::unique_ptr<BlockDraft> draft = std::move(restored.draft);
-    if (untrained) {
-      ASSIGN_OR_RETURN(draft, BlockDraft::Create(draft->shape(), draft->options(), out.target_dir,
-                                                 seed));
-    }
-    out.type = BlockDraftKindName(draft->options().kind);
-    for (int64_t id : draft->options().target_layer_ids) {
-      out.capture_layer_ids.push_back(static_cast<int>(id));
-    }
-    out.draft = std::make_unique<BlockProposer>(std::move(draft));
-    return out;
-  }
-  ASSIGN_OR_RETURN(RestoredDraft restored, RestoreDraft(path, false, target_dir));
   out.target_dir = restored.state["target_dir"].get<std::string>();
-  if (!restored.state.contains("capture_layer_ids")) {
-    return absl::InvalidArgumentError(path + ": the draft does not record capture_layer_ids");
-  }
-  out.capture_layer_ids = restored.state["capture_layer_ids"].get<std::vector<int>>();
-  std::unique_ptr<Eagle3Draft> draft = std::move(restored.draft);
+  std::unique_ptr<TrainableDraft> draft = std::move(restored.draft);
   if (untrained) {
-    ASSIGN_OR_RETURN(draft, Eagle3Draft::Create(draft->shape(), out.target_dir,
-                                                draft->vocab_map(), seed, false));
+    ASSIGN_OR_RETURN(draft, draft->Fresh(seed));
   }
-  out.type = "eagle3";
-  out.draft = std::make_unique<Eagle3Proposer>(std::move(draft), chain_length);
+  out.type = draft->type();
+  out.capture_layer_ids = draft->capture_layer_ids();
+  out.draft = std::make_unique<DraftProposer>(std::move(draft), chain_length);
   return out;
 }
 

@@ -9,19 +9,8 @@
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
 #include "student/checkpoint.h"
-#include "student/student_commands.h"
 
 namespace specstream::student {
-
-DraftRecord Eagle3DraftRecord(const Eagle3Draft& draft) {
-  DraftRecord record;
-  const VocabMap& map = draft.vocab_map();
-  record.fixed["d2t"] = torch::tensor(map.d2t, torch::kInt64);
-  record.fixed["t2d"] =
-      torch::tensor(std::vector<int64_t>(map.t2d.begin(), map.t2d.end())).to(torch::kBool);
-  record.state["draft_shape"] = DraftShapeJson(draft.shape());
-  return record;
-}
 
 absl::Status TrainState::Save(int64_t step) {
   torch::NoGradGuard no_grad;
@@ -124,12 +113,14 @@ absl::StatusOr<int64_t> TrainState::Resume() {
           "checkpoint's draft ", name, " differs from this job's (the draft vocab map differs)"));
     }
   }
-  if (record_.state.contains("block_draft") &&
-      state.value("block_draft", nlohmann::json()) != record_.state["block_draft"]) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint step ", latest, " was written for the block draft ",
-        state.value("block_draft", nlohmann::json()).dump(), "; this job's is ",
-        record_.state["block_draft"].dump(), " (exact resume needs the same model.draft)"));
+  for (const std::string& key : record_.resume_keys) {
+    const nlohmann::json written = state.value(key, nlohmann::json());
+    const nlohmann::json mine = record_.state.value(key, nlohmann::json());
+    if (written != mine) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint step ", latest, " was written with ", key, " ", written.dump(),
+                       "; this job's is ", mine.dump(), " (exact resume needs the same model.draft)"));
+    }
   }
   for (auto& [name, p] : params_) {
     auto it = contents.draft.find(name);

@@ -47,13 +47,12 @@ struct DraftRecord {
   // Saved with the draft's tensors; a resume needs them equal (EAGLE-3's
   // vocab map, d2t and t2d).
   std::map<std::string, torch::Tensor> fixed;
-  // Merged into state.json ("draft_shape", and a block draft's
-  // "block_draft" options, which a resume needs equal).
+  // Merged into state.json: "draft_type", "draft_shape" and the type's
+  // own options (student/draft.h TrainableDraft::Record).
   nlohmann::json state = nlohmann::json::object();
+  // The keys of `state` a resume needs equal (the type and its options).
+  std::vector<std::string> resume_keys;
 };
-
-// The record of an EAGLE-3 draft: its vocab map and shape.
-DraftRecord Eagle3DraftRecord(const Eagle3Draft& draft);
 
 class TrainState final {
  public:

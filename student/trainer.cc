@@ -9,62 +9,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/block_draft.h"
 #include "common/hf_config.h"
+#include "common/jobspec/job_spec.h"
 #include "common/logging.h"
 #include "common/progress.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
 #include "common/torch/tensor_util.h"
-#include "student/block_export.h"
-#include "student/export.h"
 #include "student/ledger.h"
 #include "student/online_source.h"
-#include "student/student_commands.h"
 
 namespace specstream::student {
-namespace {
-
-// Builds the vocab map from the masked tokens of every sample in the store
-// (deterministic, so every rank builds the same one).
-absl::StatusOr<VocabMap> BuildMapFromSource(SampleSource& source, int64_t target_vocab,
-                                            int64_t draft_vocab) {
-  TokenCounter counter(target_vocab);
-  std::vector<int32_t> ids;
-  std::vector<uint8_t> mask;
-  for (int64_t i = 0; i < source.size(); ++i) {
-    RETURN_IF_ERROR(source.TokenIds(i, &ids, &mask));
-    RETURN_IF_ERROR(counter.Add(ids, mask));
-  }
-  return BuildVocabMap(counter, draft_vocab);
-}
-
-// A draft over `target` reading `captures` layers: the config's sizes where
-// set, else the target's; the draft vocab is the target's (EAGLE-3 sets its
-// own).
-DraftShape DraftShapeFor(const TrainerConfig& c, const HfModelConfig& target, int64_t captures) {
-  DraftShape shape;
-  shape.hidden_size = target.hidden_size;
-  shape.target_hidden_size = target.hidden_size;
-  shape.num_captures = captures;
-  shape.intermediate_size =
-      c.intermediate_size > 0 ? c.intermediate_size : target.intermediate_size;
-  shape.num_attention_heads =
-      c.num_attention_heads > 0 ? c.num_attention_heads : target.num_attention_heads;
-  shape.num_key_value_heads =
-      c.num_key_value_heads > 0 ? c.num_key_value_heads : target.num_key_value_heads;
-  shape.head_dim = c.head_dim > 0 ? c.head_dim : target.head_dim;
-  shape.draft_vocab_size = target.vocab_size;
-  shape.target_vocab_size = target.vocab_size;
-  shape.rms_norm_eps = target.rms_norm_eps;
-  shape.rope_theta = target.rope_theta;
-  shape.rope_scaling = target.rope_scaling;
-  shape.max_position_embeddings = target.max_position_embeddings;
-  return shape;
-}
-
-}  // namespace
-
 absl::StatusOr<torch::Device> ResolveTrainingDevice(const std::string& setting, int local_rank) {
   const std::string where = setting.empty() ? "auto" : setting;
   if (where == "auto") {
@@ -106,25 +61,9 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.num_attention_heads = draft.num_attention_heads();
   c.num_key_value_heads = draft.num_key_value_heads();
   c.head_dim = draft.head_dim();
-  c.draft_type = draft.type().empty() ? "eagle3" : draft.type();
-  if (c.draft_type != "eagle3") {
-    BlockDraftOptions& b = c.block;
-    ASSIGN_OR_RETURN(b.kind, BlockDraftKindFromName(c.draft_type));
-    b.num_layers = draft.num_layers();
-    b.block_size = draft.block_size();
-    b.num_anchors = draft.num_anchors();
-    b.target_layer_ids.assign(draft.target_layer_ids().begin(), draft.target_layer_ids().end());
-    if (draft.has_mask_token_id()) c.mask_token_id = draft.mask_token_id();
-    b.loss_decay_gamma = draft.loss_decay_gamma();
-    if (b.kind == BlockDraftKind::kDSpark) {
-      b.markov_rank = draft.markov_rank();
-      b.confidence_head = draft.enable_confidence_head();
-      b.confidence_with_markov = draft.confidence_head_with_markov();
-      b.ce_weight = draft.loss_weights().ce();
-      b.l1_weight = draft.loss_weights().l1();
-      b.conf_weight = draft.loss_weights().conf();
-    }
-  }
+  c.draft_type = draft.type().empty() ? jobspec::kDraftTypeEagle3 : draft.type();
+  ASSIGN_OR_RETURN(const DraftType* type, FindDraftType(c.draft_type));
+  RETURN_IF_ERROR(type->configure(draft, &c));
   if (draft.hidden_size() != 0) {
     ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
     if (draft.hidden_size() != target.hidden_size) {
@@ -194,13 +133,12 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSampleSource(const TrainerConf
   online.stream.device = c.device;
   online.stream.token = c.job_token;
   online.stream.nccl_channel_for_testing = c.nccl_channel_for_testing;
-  if (c.draft_type != "eagle3") {
-    // A block draft asks each teacher for exactly the layers it reads.
+  {
+    // The layers this draft type reads, when they are not the teachers'
+    // default.
+    ASSIGN_OR_RETURN(const DraftType* type, FindDraftType(c.draft_type));
     ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
-    ASSIGN_OR_RETURN(std::vector<int64_t> layers,
-                     BlockTargetLayerIds(c.block.target_layer_ids, c.block.num_layers,
-                                         target.num_hidden_layers));
-    online.capture_layer_ids.assign(layers.begin(), layers.end());
+    ASSIGN_OR_RETURN(online.capture_layer_ids, type->capture_layers(c, target));
   }
   if (!c.ledger_dir.empty()) {
     std::error_code error;
@@ -258,9 +196,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerConfig config,
 
 absl::Status Trainer::Init() {
   const TrainerConfig& c = config_;
-  if (c.draft_type == "eagle3" && c.ttt_steps < 1) {
-    return absl::InvalidArgumentError("training.ttt_steps must be >= 1");
-  }
   if ((c.epochs > 0) == (c.max_steps > 0)) {
     return absl::InvalidArgumentError("set exactly one of training.epochs and training.max_steps");
   }
@@ -268,6 +203,7 @@ absl::Status Trainer::Init() {
     return absl::InvalidArgumentError(
         "set exactly one of training.batch_size and training.batch_tokens");
   }
+  ASSIGN_OR_RETURN(const DraftType* type, FindDraftType(c.draft_type));
   ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(c.target_dir));
   // The data must come from this target: same family, sizes and vocab.
   const ModelContract& model = source_->model();
@@ -289,93 +225,18 @@ absl::Status Trainer::Init() {
     return mismatch("num_layers", model.num_layers, target.num_hidden_layers);
   }
   capture_ = model.capture_layer_ids;
-  if (c.draft_type != "eagle3") return InitBlockDraft(target);
-  // An EAGLE-3 draft over captures the servers cannot use would only fail
-  // at export, after the whole run.
-  if (absl::Status capture = ValidateEagle3CaptureLayers(
-          std::vector<int64_t>(capture_.begin(), capture_.end()), target.num_hidden_layers);
-      !capture.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(source_name_, " captures layers [", absl::StrJoin(capture_, ", "),
-                     "], which an EAGLE-3 draft cannot be served with: ", capture.message(),
-                     " (set the capture layer ids when serving or dumping)"));
-  }
-
-  VocabMap map;
-  if (!c.vocab_map.empty()) {
-    ASSIGN_OR_RETURN(map, LoadVocabMap(c.vocab_map));
-    if (map.target_vocab() != target.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.draft.vocab_map ", c.vocab_map, " covers ", map.target_vocab(),
-                       " target ids but the target vocab is ", target.vocab_size));
-    }
-  } else {
-    if (c.draft_vocab_size < 1 || c.draft_vocab_size > target.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("model.draft.draft_vocab_size ",
-                                                     c.draft_vocab_size, " must be in [1, ",
-                                                     target.vocab_size, "]"));
-    }
-    ASSIGN_OR_RETURN(map, BuildMapFromSource(*source_, target.vocab_size, c.draft_vocab_size));
-  }
-
-  DraftShape shape = DraftShapeFor(c, target, static_cast<int64_t>(capture_.size()));
-  shape.draft_vocab_size = map.draft_vocab();
-  RETURN_IF_ERROR(ValidateCpLayout(layout_, shape.num_attention_heads, shape.num_key_value_heads));
+  const DraftContext context{c, target, *source_, source_name_, layout_, device_};
+  ASSIGN_OR_RETURN(draft_, type->create(context));
   RETURN_IF_ERROR(ConnectDeviceGroup());
+  // EAGLE-3's attention crosses shards (ring, Ulysses); a block draft's CP
+  // group only gathers its context.
   ASSIGN_OR_RETURN(cp_groups_, CreateCpGroups(layout_, store_, c.local_address,
                                               std::chrono::minutes(5), device_));
-  ASSIGN_OR_RETURN(draft_, Eagle3Draft::Create(shape, c.target_dir, map, c.seed,
-                                               !source_->has_target_ids(), device_));
-  SS_LOG_INFO("trainer: EAGLE-3 draft, draft vocab {}, K={}", map.draft_vocab(), c.ttt_steps);
-  return InitTraining(Eagle3DraftRecord(*draft_));
+  SS_LOG_INFO("trainer: {}", draft_->Describe());
+  return InitTraining();
 }
 
-absl::StatusOr<BlockDraftOptions> Trainer::ResolveBlockOptions(const HfModelConfig& target) const {
-  const TrainerConfig& c = config_;
-  BlockDraftOptions o = c.block;
-  ASSIGN_OR_RETURN(o.kind, BlockDraftKindFromName(c.draft_type));
-  ASSIGN_OR_RETURN(o.target_layer_ids,
-                   BlockTargetLayerIds(o.target_layer_ids, o.num_layers, target.num_hidden_layers));
-  const std::vector<int64_t> served(capture_.begin(), capture_.end());
-  if (served != o.target_layer_ids) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model.draft.target_layer_ids: the ", BlockDraftKindName(o.kind), " draft reads layers [",
-        absl::StrJoin(o.target_layer_ids, ", "), "] but ", source_name_, " captures [",
-        absl::StrJoin(capture_, ", "), "] (dump or serve with --capture-layers ",
-        absl::StrJoin(o.target_layer_ids, ","), " --capture-for any)"));
-  }
-  ASSIGN_OR_RETURN(o.mask_token_id,
-                   ResolveMaskTokenId(c.mask_token_id, c.target_dir, target.vocab_size));
-  return o;
-}
-
-absl::Status Trainer::InitBlockDraft(const HfModelConfig& target) {
-  const TrainerConfig& c = config_;
-  ASSIGN_OR_RETURN(BlockDraftOptions options, ResolveBlockOptions(target));
-  const DraftShape shape =
-      DraftShapeFor(c, target, static_cast<int64_t>(options.target_layer_ids.size()));
-  RETURN_IF_ERROR(ConnectDeviceGroup());
-  // The CP group only gathers the context (cp_mode decides nothing here:
-  // block attention runs locally over the gathered context).
-  ASSIGN_OR_RETURN(cp_groups_, CreateCpGroups(layout_, store_, c.local_address,
-                                              std::chrono::minutes(5), device_));
-  ASSIGN_OR_RETURN(block_draft_, BlockDraft::Create(shape, options, c.target_dir, c.seed, device_));
-  SS_LOG_INFO(
-      "trainer: {} draft, {} layer(s) over target layers [{}], block {}, {} anchors, mask token {}",
-      BlockDraftKindName(options.kind), options.num_layers,
-      absl::StrJoin(options.target_layer_ids, ", "), options.block_size, options.num_anchors,
-      options.mask_token_id);
-  DraftRecord record;
-  record.state["draft_shape"] = DraftShapeJson(shape);
-  record.state["block_draft"] = BlockDraftOptionsJson(options);
-  return InitTraining(std::move(record));
-}
-
-const std::vector<std::pair<std::string, torch::Tensor>>& Trainer::parameters() const {
-  return block_draft_ ? block_draft_->parameters() : draft_->parameters();
-}
-
-absl::Status Trainer::InitTraining(DraftRecord record) {
+absl::Status Trainer::InitTraining() {
   const TrainerConfig& c = config_;
   reducer_ = std::make_unique<GradReducer>(
       parameters(), world_size_ > 1 ? device_group_ : c10::intrusive_ptr<CommGroup>(),
@@ -432,7 +293,7 @@ absl::Status Trainer::InitTraining(DraftRecord record) {
   run.steps_per_epoch = steps_per_epoch_;
   run.total_steps = total_steps_;
   run.schedule = schedule_;
-  state_ = std::make_unique<TrainState>(std::move(run), parameters(), std::move(record),
+  state_ = std::make_unique<TrainState>(std::move(run), parameters(), draft_->Record(),
                                         *optimizer_, group_);
   if (c.resume) {
     ASSIGN_OR_RETURN(step_, state_->Resume());
@@ -484,9 +345,7 @@ RowRange Trainer::BatchRows(const std::vector<int64_t>& indices) const {
     longest = std::max(longest, config_.max_length > 0 ? std::min(len, config_.max_length) : len);
   }
   const CpShard shard = ShardRange(longest, layout_.cp_size, layout_.cp_rank());
-  // A block draft gathers its context and teacher states over the CP group
-  // and reads the whole token ids separately (LoadBatch): no halo.
-  const int64_t halo = block_draft_ ? 0 : config_.ttt_steps;
+  const int64_t halo = draft_->halo_rows();
   return RowRange{shard.begin, shard.begin + shard.padded_length,
                   shard.begin + shard.padded_length + halo};
 }
@@ -507,7 +366,7 @@ absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indice
   }
   DraftBatch batch = CollateShard(samples, config_.max_length, rows.begin, rows.end - rows.begin,
                                   rows.halo_end - rows.end);
-  if (block_draft_) {
+  if (draft_->reads_whole_token_ids()) {
     // The whole token ids and loss mask of each sample (cheap: no hidden
     // states), padded to the CP group's cp·Tpad positions.
     const int64_t total = layout_.cp_size * (rows.end - rows.begin);
@@ -567,52 +426,34 @@ absl::Status Trainer::TrainStepUnchecked() {
   const std::vector<int64_t> indices = plan_->Batch(step_);
   PrefetchFrom(indices);
   ASSIGN_OR_RETURN(DraftBatch batch, LoadBatch(indices));
-  const int k_steps = config_.ttt_steps;
   // Tokens of this rank's own rows (a CP shard counts only its part), from
   // the host's copy of the lengths.
   const int64_t own_rows = batch.aux_hidden.size(1);
   for (int64_t length : batch.host_lengths) {
     tokens_since_record_ += std::clamp<int64_t>(length - batch.offset, 0, own_rows);
   }
-  // A block draft's anchors come from the host's loss mask, keyed by the
-  // samples' indices and the step (the same on any rank, and after a resume).
-  BlockAnchors anchors;
-  if (block_draft_) {
-    anchors = SampleBlockAnchors(batch, indices, config_.seed, step_, config_.block.num_anchors);
-    if (layout_.cp_size > 1) anchors = DealBlocks(anchors, layout_.cp_size, layout_.cp_rank());
-  }
+  // What the draft decides on the host (a block draft's anchors, keyed by
+  // the samples' indices and the step: the same on any rank, and after a
+  // resume).
+  ASSIGN_OR_RETURN(std::unique_ptr<StepPlan> plan,
+                   draft_->Plan(batch, indices, config_.seed, step_, layout_));
   batch = ToDevice(std::move(batch), device_);
 
-  // From here to the metrics, work is only queued on the device, except a
-  // block draft's one read of the global weight (a batch with no anchor on
-  // any rank is skipped on every rank).
-  torch::Tensor global_norm;  // EAGLE-3: valid positions per step; blocks: Σ weight
-  RETURN_IF_ERROR(CatchTorch("loss normaliser", [&] {
-    global_norm =
-        block_draft_ ? block_draft_->WeightSum(batch, anchors) : draft_->CountValid(batch, k_steps);
-  }));
+  // From here to the metrics, work is only queued on the device, except
+  // what Empty reads back (a block draft's global weight: a batch with no
+  // anchor on any rank is skipped on every rank).
+  ASSIGN_OR_RETURN(torch::Tensor global_norm, draft_->LossNormaliser(batch, *plan));
   RETURN_IF_ERROR(AllReduce(global_norm));
-  bool empty = false;
-  if (block_draft_) {
-    RETURN_IF_ERROR(CatchTorch("global weight", [&] { empty = global_norm.item<double>() <= 0; }));
-  }
+  ASSIGN_OR_RETURN(const bool empty, draft_->Empty(global_norm));
 
   for (const auto& [name, p] : parameters()) {
     torch::Tensor param = p;
     if (param.grad().defined()) param.mutable_grad().zero_();
   }
   reducer_->Prepare();
-  std::optional<TttOutputs> ttt;
-  std::optional<BlockOutputs> blocks;
-  if (block_draft_) {
-    ASSIGN_OR_RETURN(blocks, block_draft_->Forward(batch, anchors, global_norm, config_.dtype,
-                                                   cp_groups_.cp.get()));
-    RETURN_IF_ERROR(CatchTorch("backward", [&] { blocks->weighted_loss.backward(); }));
-  } else {
-    const DraftParallel parallel{cp_groups_.ulysses.get(), cp_groups_.ring.get()};
-    ASSIGN_OR_RETURN(ttt, draft_->Forward(batch, k_steps, global_norm, config_.dtype, parallel));
-    RETURN_IF_ERROR(CatchTorch("backward", [&] { ttt->weighted_loss.backward(); }));
-  }
+  ASSIGN_OR_RETURN(DraftStep forward,
+                   draft_->Forward(batch, *plan, global_norm, config_.dtype, cp_groups_));
+  RETURN_IF_ERROR(CatchTorch("backward", [&] { forward.loss.backward(); }));
   RETURN_IF_ERROR(reducer_->Finish());
   torch::Tensor grad_norm;
   RETURN_IF_ERROR(CatchTorch("gradient clipping",
@@ -643,12 +484,7 @@ absl::Status Trainer::TrainStepUnchecked() {
   RETURN_IF_ERROR(source_->Commit(step_, indices));
 
   if (RecordsMetrics(step_)) {
-    StepMetrics m;
-    if (blocks) {
-      ASSIGN_OR_RETURN(m, ReadBlockMetrics(*blocks, global_norm, grad_norm, lr));
-    } else {
-      ASSIGN_OR_RETURN(m, ReadMetrics(*ttt, global_norm, grad_norm, lr));
-    }
+    ASSIGN_OR_RETURN(StepMetrics m, ReadMetrics(std::move(forward.sums), grad_norm, lr));
     history_.push_back(m);
     if (metrics_) RETURN_IF_ERROR(metrics_->Write(m));
   }
@@ -663,40 +499,34 @@ bool Trainer::RecordsMetrics(int64_t step) const {
   return config_.log_every <= 0 || step % config_.log_every == 0 || step == total_steps_;
 }
 
-absl::StatusOr<StepMetrics> Trainer::ReadMetrics(const TttOutputs& out,
-                                                 const torch::Tensor& global_valid,
+absl::StatusOr<StepMetrics> Trainer::ReadMetrics(MetricSums sums,
                                                  const torch::Tensor& grad_norm, double lr) {
-  const int k_steps = config_.ttt_steps;
-  // One tensor, one all-reduce, one copy to the host: loss and correct
-  // sums per step (over all ranks), this record's tokens (all ranks), the
-  // global valid counts (already summed) and the grad norm (the same on
-  // every rank) ride along.
-  torch::Tensor host;
+  // This record's tokens (all ranks) ride along in the one all-reduce.
+  constexpr char kTokens[] = "trainer.tokens";
   RETURN_IF_ERROR(CatchTorch("metrics", [&] {
-    torch::Tensor summed =
-        torch::cat({out.loss_sum.to(torch::kFloat64), out.correct.to(torch::kFloat64),
-                    torch::full({1}, static_cast<double>(tokens_since_record_),
-                                out.loss_sum.options().dtype(torch::kFloat64))});
-    absl::Status reduced = AllReduce(summed);
-    TORCH_CHECK(reduced.ok(), reduced.ToString());
-    host = torch::cat({summed, global_valid.to(torch::kFloat64), grad_norm.reshape({1})})
-               .to(torch::kCPU);
+    sums[kTokens] = torch::full({1}, static_cast<double>(tokens_since_record_),
+                                grad_norm.options().dtype(torch::kFloat64));
   }));
-  // host: loss_sum[K], correct[K], tokens, valid[K], grad_norm.
-  const double* v = host.data_ptr<double>();
-  const double seconds = CloseRecord();
-  const TttMeans means = TttMeansFromSums(v, v + k_steps, v + 2 * k_steps + 1, k_steps);
+  ASSIGN_OR_RETURN(MetricSums host,
+                   ReduceToHost(sums, world_size_ > 1 ? device_group_.get() : nullptr));
   StepMetrics m;
+  RETURN_IF_ERROR(CatchTorch("metrics", [&] {
+    m.tokens = static_cast<int64_t>(host.at(kTokens).item<double>());
+    host.erase(kTokens);
+    // The same on every rank (the norm of the all-reduced gradients).
+    m.grad_norm = grad_norm.item<double>();
+  }));
+  const DraftMetrics d = draft_->Metrics(host);
   m.step = step_;
   m.lr = lr;
-  m.grad_norm = v[3 * k_steps + 1];
-  m.positions = static_cast<int64_t>(v[2 * k_steps + 1]);
-  m.loss = means.loss;
-  m.loss_k = means.loss_k;
-  m.acc_k = means.acc_k;
-  m.sim_accept_len = means.sim_accept_len;
-  m.tokens = static_cast<int64_t>(v[2 * k_steps]);
-  m.tokens_per_second = static_cast<double>(m.tokens) / std::max(seconds, 1e-9);
+  m.loss = d.loss;
+  m.loss_k = d.loss_k;
+  m.acc_k = d.acc_k;
+  m.sim_accept_len = d.sim_accept_len;
+  m.positions = d.positions;
+  m.tau = d.tau;
+  m.calibration_error = d.calibration_error;
+  m.tokens_per_second = static_cast<double>(m.tokens) / std::max(CloseRecord(), 1e-9);
   return m;
 }
 
@@ -705,70 +535,6 @@ double Trainer::CloseRecord() {
   record_open_ = false;
   tokens_since_record_ = 0;
   return std::chrono::duration<double>(now - record_start_).count();
-}
-
-namespace {
-
-// Block-draft metrics from summed counts: per-slot acc, and Σ_k Π acc over
-// the trained slots (from `first`).
-void BlockMeans(const double* correct, const double* counted, int64_t bs, int64_t first,
-                StepMetrics* m) {
-  m->acc_k.assign(bs, 0.0);
-  std::vector<double> trained;
-  for (int64_t k = 0; k < bs; ++k) {
-    m->acc_k[k] = counted[k] > 0 ? correct[k] / counted[k] : 0.0;
-    if (k >= first) trained.push_back(m->acc_k[k]);
-  }
-  m->sim_accept_len = SimulatedAcceptLength(trained);
-  m->positions = static_cast<int64_t>(counted[first]);
-}
-
-}  // namespace
-
-absl::StatusOr<StepMetrics> Trainer::ReadBlockMetrics(const BlockOutputs& out,
-                                                      const torch::Tensor& global_weight,
-                                                      const torch::Tensor& grad_norm, double lr) {
-  const int64_t bs = block_draft_->options().block_size;
-  const bool calibrated = out.calibration.defined();
-  // One all-reduce and one copy: loss_sum, correct[bs], counted[bs],
-  // accepted, blocks, tokens, calibration bins; then the global weight and
-  // the grad norm ride along.
-  torch::Tensor host;
-  RETURN_IF_ERROR(CatchTorch("metrics", [&] {
-    const auto f64 = out.loss_sum.options().dtype(torch::kFloat64);
-    std::vector<torch::Tensor> parts = {
-        out.loss_sum.reshape({1}),
-        out.correct.to(torch::kFloat64),
-        out.counted.to(torch::kFloat64),
-        out.accepted.reshape({1}),
-        out.blocks.to(torch::kFloat64).reshape({1}),
-        torch::full({1}, static_cast<double>(tokens_since_record_), f64)};
-    if (calibrated) parts.push_back(out.calibration.reshape({-1}));
-    torch::Tensor summed = torch::cat(parts);
-    absl::Status reduced = AllReduce(summed);
-    TORCH_CHECK(reduced.ok(), reduced.ToString());
-    host = torch::cat({summed, global_weight.to(torch::kFloat64).reshape({1}),
-                       grad_norm.to(torch::kFloat64).reshape({1})})
-               .to(torch::kCPU);
-  }));
-  const double* v = host.data_ptr<double>();
-  const double* correct = v + 1;
-  const double* counted = correct + bs;
-  const double accepted = counted[bs], blocks = counted[bs + 1], tokens = counted[bs + 2];
-  const double* bins = counted + bs + 3;
-  const double* tail = bins + (calibrated ? 3 * kCalibrationBins : 0);
-  StepMetrics m;
-  m.step = step_;
-  m.lr = lr;
-  m.loss = tail[0] > 0 ? v[0] / tail[0] : 0.0;
-  m.grad_norm = tail[1];
-  BlockMeans(correct, counted, bs, block_draft_->options().kind == BlockDraftKind::kDFlash ? 1 : 0,
-             &m);
-  m.tau = blocks > 0 ? accepted / blocks : 0.0;
-  if (calibrated) m.calibration_error = CalibrationError(bins, kCalibrationBins);
-  m.tokens = static_cast<int64_t>(tokens);
-  m.tokens_per_second = tokens / std::max(CloseRecord(), 1e-9);
-  return m;
 }
 
 absl::Status Trainer::RunSteps(int64_t n) {
@@ -793,95 +559,12 @@ absl::Status Trainer::Run() {
   }
   if (rank_ == 0) progress.Finish();
   if (!config_.checkpoint_dir.empty()) RETURN_IF_ERROR(state_->Save(step_));
-  if (!config_.export_dir.empty() && rank_ == 0) RETURN_IF_ERROR(Export());
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::Export() {
-  if (block_draft_) {
+  if (!config_.export_dir.empty() && rank_ == 0) {
     ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(config_.target_dir));
-    RETURN_IF_ERROR(ExportBlockDraft(*block_draft_, target, config_.export_dir));
-    SS_LOG_INFO("export: {} draft written to {}", BlockDraftKindName(block_draft_->options().kind),
-                config_.export_dir);
-    return absl::OkStatus();
+    RETURN_IF_ERROR(draft_->Export(target, config_.export_dir));
+    SS_LOG_INFO("export: {} draft written to {}", draft_->type(), config_.export_dir);
   }
-  ASSIGN_OR_RETURN(ExportInput in, DraftExportInput(*draft_, config_.target_dir, capture_));
-  RETURN_IF_ERROR(ExportDraft(in, config_.export_dir));
-  SS_LOG_INFO("export: draft written to {}", config_.export_dir);
   return absl::OkStatus();
-}
-
-absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, int ttt_steps,
-                                    int64_t max_length, torch::Dtype dtype) {
-  torch::NoGradGuard no_grad;
-  // Per-step sums on the draft's device: loss, correct, valid.
-  torch::Tensor sums =
-      torch::zeros({3, ttt_steps}, torch::TensorOptions(torch::kFloat64).device(draft.device()));
-  for (int64_t i = 0; i < source.size(); ++i) {
-    ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
-    const DraftBatch batch = ToDevice(Collate({s}, max_length), draft.device());
-    torch::Tensor counts;
-    RETURN_IF_ERROR(CatchTorch("eval", [&] { counts = draft.CountValid(batch, ttt_steps); }));
-    ASSIGN_OR_RETURN(TttOutputs out, draft.Forward(batch, ttt_steps, counts, dtype));
-    sums += torch::stack({out.loss_sum.to(torch::kFloat64), out.correct.to(torch::kFloat64),
-                          out.valid.to(torch::kFloat64)});
-  }
-  const torch::Tensor host = sums.to(torch::kCPU).contiguous();
-  const double* loss_sum = host.data_ptr<double>();
-  const double* correct = loss_sum + ttt_steps;
-  const double* valid = correct + ttt_steps;
-  const TttMeans means = TttMeansFromSums(loss_sum, correct, valid, ttt_steps);
-  EvalResult result;
-  result.loss = means.loss;
-  result.acc_k = means.acc_k;
-  result.sim_accept_len = means.sim_accept_len;
-  result.positions = static_cast<int64_t>(valid[0]);
-  return result;
-}
-
-absl::StatusOr<BlockEvalResult> EvaluateBlock(BlockDraft& draft, SampleSource& source,
-                                              uint64_t seed, int64_t max_length,
-                                              torch::Dtype dtype) {
-  torch::NoGradGuard no_grad;
-  const BlockDraftOptions& o = draft.options();
-  const int64_t bs = o.block_size;
-  // Per sample: loss_sum, weight, correct[bs], counted[bs], accepted,
-  // blocks, calibration bins; summed on the host.
-  std::vector<double> sums(2 + 2 * bs + 2 + 3 * kCalibrationBins, 0.0);
-  bool calibrated = false;
-  for (int64_t i = 0; i < source.size(); ++i) {
-    ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
-    DraftBatch batch = Collate({s}, max_length);
-    const BlockAnchors anchors = SampleBlockAnchors(batch, {i}, seed, 0, o.num_anchors);
-    batch = ToDevice(std::move(batch), draft.device());
-    torch::Tensor weight;
-    RETURN_IF_ERROR(CatchTorch("eval", [&] { weight = draft.WeightSum(batch, anchors); }));
-    ASSIGN_OR_RETURN(BlockOutputs out, draft.Forward(batch, anchors, weight, dtype));
-    torch::Tensor host;
-    RETURN_IF_ERROR(CatchTorch("eval", [&] {
-      std::vector<torch::Tensor> parts = {
-          out.loss_sum.reshape({1}),       out.weight_sum.reshape({1}),
-          out.correct.to(torch::kFloat64), out.counted.to(torch::kFloat64),
-          out.accepted.reshape({1}),       out.blocks.to(torch::kFloat64).reshape({1})};
-      if (out.calibration.defined()) parts.push_back(out.calibration.reshape({-1}));
-      host = torch::cat(parts).to(torch::kCPU).contiguous();
-    }));
-    calibrated = out.calibration.defined();
-    for (int64_t j = 0; j < host.numel(); ++j) sums[j] += host.data_ptr<double>()[j];
-  }
-  const double* correct = sums.data() + 2;
-  const double* counted = correct + bs;
-  StepMetrics m;
-  BlockMeans(correct, counted, bs, o.kind == BlockDraftKind::kDFlash ? 1 : 0, &m);
-  BlockEvalResult result;
-  result.base.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
-  result.base.acc_k = m.acc_k;
-  result.base.sim_accept_len = m.sim_accept_len;
-  result.base.positions = m.positions;
-  const double blocks = counted[bs + 1];
-  result.tau = blocks > 0 ? counted[bs] / blocks : 0.0;
-  if (calibrated) result.calibration_error = CalibrationError(counted + bs + 2, kCalibrationBins);
-  return result;
 }
 
 }  // namespace specstream::student

@@ -1,10 +1,12 @@
-// The EAGLE-3 draft trainer: one instance per rank (DP ranks in a c10d
+// The draft trainer: one instance per rank (DP ranks in a c10d
 // group), deterministic data order, AdamW with warmup + cosine, global-norm
 // clipping, bucketed gradient all-reduce, metrics, checkpoints and export.
 // The trainer wires the pieces into a step: the samples come from an
 // injected SampleSource (data_source.h), their order from epoch_plan.h, the
 // DDP gradient sum from grad_reducer.h, checkpoints and exact resume from
-// train_state.h, and the reports go to metrics_sink.h.
+// train_state.h, and the reports go to metrics_sink.h. The draft itself is
+// a TrainableDraft of the job's model.draft.type (student/draft.h): the
+// trainer never looks at which.
 //
 // Exactness contract: the loss at step k is normalised by the number of valid
 // positions over all ranks, and gradients are summed across ranks, so N ranks
@@ -44,6 +46,7 @@
 #include "student/block_draft.h"
 #include "student/context_parallel.h"
 #include "student/data_source.h"
+#include "student/draft.h"
 #include "student/draft_model.h"
 #include "student/epoch_plan.h"
 #include "student/grad_reducer.h"
@@ -76,10 +79,12 @@ struct TrainerConfig {
   std::string target_dir;  // target checkpoint (embeddings, lm_head, config)
   std::string vocab_map;   // map file, or empty to build one of draft_vocab_size
   int64_t draft_vocab_size = 0;
-  // model.draft.type: "eagle3" (student/draft_model.h, the fields above and
-  // ttt_steps) or "dflash" / "dspark" (student/block_draft.h: `block`, whose
-  // kind Init sets from this; no vocab map).
+  // model.draft.type, a name in DraftTypes() (student/draft.h): "eagle3"
+  // (student/draft_model.h: the fields above, `eagle3` and ttt_steps) or
+  // "dflash" / "dspark" (student/block_draft.h: `block`, whose kind the
+  // type sets; no vocab map).
   std::string draft_type = "eagle3";
+  Eagle3Options eagle3;
   BlockDraftOptions block;
   // Resolved at Init when unset (common/block_draft.h): block.target_layer_ids
   // when empty, and the mask token from model.draft.mask_token_id.
@@ -166,20 +171,17 @@ class Trainer final {
   int64_t total_steps() const { return total_steps_; }
   // The metric records so far (one per log_every steps and the last).
   const std::vector<StepMetrics>& history() const { return history_; }
-  // The EAGLE-3 draft (null for block drafts) or the block draft (null for
-  // EAGLE-3), and the trainable tensors of whichever it is.
-  Eagle3Draft& draft() { return *draft_; }
-  BlockDraft* block_draft() { return block_draft_.get(); }
-  const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const;
+  // The draft being trained, and its trainable tensors.
+  TrainableDraft& draft() { return *draft_; }
+  const NamedTensors& parameters() const { return draft_->parameters(); }
   SampleSource& source() { return *source_; }
 
  private:
   Trainer() = default;
   absl::Status Init();
-  absl::Status InitBlockDraft(const HfModelConfig& target);
   // The optimizer, DDP reducer, data plan, checkpoint state and metrics of
-  // whichever draft Init made.
-  absl::Status InitTraining(DraftRecord record);
+  // the draft Init made.
+  absl::Status InitTraining();
   // device_group_: group_ on CPU, an NCCL world group on a CUDA device.
   absl::Status ConnectDeviceGroup();
   // One step behind one Status: a LibTorch error anywhere in it (an
@@ -198,18 +200,12 @@ class Trainer final {
   absl::Status AllReduce(torch::Tensor& t);
   // Whether step `step` (1-based) records metrics (log_every).
   bool RecordsMetrics(int64_t step) const;
-  // The metrics of the step just taken: the one read back from the device.
-  absl::StatusOr<StepMetrics> ReadMetrics(const TttOutputs& out, const torch::Tensor& global_valid,
-                                          const torch::Tensor& grad_norm, double lr);
-  absl::StatusOr<StepMetrics> ReadBlockMetrics(const BlockOutputs& out,
-                                               const torch::Tensor& global_weight,
-                                               const torch::Tensor& grad_norm, double lr);
+  // The metrics of the step just taken: its sums added over the world and
+  // read back from the device (one collective, one copy).
+  absl::StatusOr<StepMetrics> ReadMetrics(MetricSums sums, const torch::Tensor& grad_norm,
+                                          double lr);
   // Closes the metrics record: the seconds since it opened.
   double CloseRecord();
-  // The block draft's options with the unset ones resolved, checked against
-  // the target and the source's captures.
-  absl::StatusOr<BlockDraftOptions> ResolveBlockOptions(const HfModelConfig& target) const;
-  absl::Status Export();
 
   TrainerConfig config_;
   int rank_ = 0;
@@ -222,8 +218,7 @@ class Trainer final {
   CpGroups cp_groups_;
   std::unique_ptr<SampleSource> source_;
   std::string source_name_;  // for errors: where the samples come from
-  std::unique_ptr<Eagle3Draft> draft_;
-  std::unique_ptr<BlockDraft> block_draft_;
+  std::unique_ptr<TrainableDraft> draft_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<TrainState> state_;
@@ -259,30 +254,6 @@ absl::StatusOr<torch::Device> ResolveTrainingDevice(const std::string& setting, 
 absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::JobSpec& spec,
                                                        const std::string& device_override = "",
                                                        int local_rank = 0);
-
-// Loss / acc_k / simulated acceptance length of a draft over every sample of
-// a source (one rank, no updates).
-struct EvalResult {
-  double loss = 0;
-  std::vector<double> acc_k;
-  double sim_accept_len = 0;
-  int64_t positions = 0;
-};
-absl::StatusOr<EvalResult> Evaluate(Eagle3Draft& draft, SampleSource& source, int ttt_steps,
-                                    int64_t max_length, torch::Dtype dtype);
-
-// The same for a block draft, one sample at a time with the anchors of
-// (seed, step 0) (SampleBlockAnchors): acc_k per slot, sim_accept_len over
-// the trained slots, positions = weighted tokens of the first trained slot,
-// and τ and (DSpark with its confidence head) the calibration error.
-struct BlockEvalResult {
-  EvalResult base;
-  double tau = 0;
-  std::optional<double> calibration_error;
-};
-absl::StatusOr<BlockEvalResult> EvaluateBlock(BlockDraft& draft, SampleSource& source,
-                                              uint64_t seed, int64_t max_length,
-                                              torch::Dtype dtype);
 
 }  // namespace specstream::student
 

@@ -276,6 +276,13 @@ std::vector<SetField> DsparkFieldsSet(const v1::DraftSpec& draft) {
           {"loss_weights", draft.has_loss_weights()}};
 }
 
+// EAGLE 3.1's flags on the EAGLE-3 draft.
+std::vector<SetField> Eagle31FieldsSet(const v1::DraftSpec& draft) {
+  return {{"fc_norm", draft.fc_norm()},
+          {"norm_output", draft.norm_output()},
+          {"norm_before_fc", draft.norm_before_fc()}};
+}
+
 // In [min, max]; the message names the range.
 absl::Status RequireInRange(int64_t value, int64_t min, int64_t max, absl::string_view field) {
   if (value < min || value > max) {
@@ -350,6 +357,13 @@ absl::Status ValidateDsparkHeads(v1::DraftSpec& draft) {
 // dflash / dspark: the block-draft fields, defaults per type (DESIGN §10).
 absl::Status ValidateBlockDraft(v1::DraftSpec& draft) {
   const bool dspark = draft.type() == kDraftTypeDspark;
+  for (const SetField& field : Eagle31FieldsSet(draft)) {
+    if (field.set) {
+      return FieldError(absl::StrCat("model.draft.", field.name),
+                        absl::StrCat("only for eagle3 drafts (EAGLE 3.1; model.draft.type is ",
+                                     draft.type(), ")"));
+    }
+  }
   // These drafts predict with the target's full-vocab lm_head.
   if (draft.draft_vocab_size() != 0 || !draft.vocab_map().empty()) {
     return FieldError(
@@ -452,6 +466,12 @@ absl::Status ValidateModel(v1::ModelSpec& model) {
       return FieldError(absl::StrCat("model.draft.", field.name),
                         "only for dspark drafts (model.draft.type is eagle3)");
     }
+  }
+  if (draft.fc_norm() && draft.norm_before_fc()) {
+    return FieldError("model.draft.fc_norm",
+                      "true together with model.draft.norm_before_fc: the captures are "
+                      "normalised per layer (fc_norm) or over their concatenation "
+                      "(norm_before_fc), not both");
   }
   RETURN_IF_ERROR(RequireNonNegative(draft.draft_vocab_size(), "model.draft.draft_vocab_size"));
   bool has_size = draft.draft_vocab_size() > 0;

@@ -93,9 +93,9 @@ absl::StatusOr<specstream::v1::JobSpec> LoadJobSpec(const std::string& path);
 // Fills defaults in place and checks the rules of docs/job-config.md. On
 // error `spec` may be partly defaulted. Idempotent on a valid spec.
 // model.draft.type selects the rules: eagle3 (the default) fills
-// training.ttt_steps and refuses the block-draft fields; dflash and dspark
-// fill their own defaults and refuse EAGLE-3's vocabulary fields, ttt_steps
-// and cp_size > 1. What needs the target (model.draft.target_layer_ids when
+// training.ttt_steps, refuses the block-draft fields and fc_norm together
+// with norm_before_fc; dflash and dspark fill their own defaults and refuse
+// EAGLE-3's vocabulary fields, ttt_steps and EAGLE 3.1's flags. What needs the target (model.draft.target_layer_ids when
 // empty, model.draft.mask_token_id when unset) is left for the student to
 // resolve at start with common/block_draft.h.
 absl::Status ValidateJobSpec(specstream::v1::JobSpec& spec);

@@ -212,6 +212,25 @@ TEST_F(OnlineTest, OnlineAndOfflineTrainTheSameBitwise) {
   }
 }
 
+// EAGLE 3.1's flags change nothing in the stream: online trains exactly as
+// offline with them on.
+TEST_F(OnlineTest, Eagle31OnlineAndOfflineTrainTheSameBitwise) {
+  TrainerConfig offline_config = Offline();
+  offline_config.eagle3 = {true, true, false};
+  auto offline = Trainer::Create(offline_config, 0, 1, {});
+  ASSERT_TRUE(offline.ok()) << offline.status();
+  ASSERT_TRUE((*offline)->RunSteps(8).ok());
+  Teacher teacher = StartTeacher();
+  ASSERT_NE(teacher.server, nullptr);
+  TrainerConfig online_config = Online({teacher.server->address()}, "inline");
+  online_config.eagle3 = offline_config.eagle3;
+  auto online = Trainer::Create(online_config, 0, 1, {});
+  ASSERT_TRUE(online.ok()) << online.status();
+  ASSERT_TRUE((*online)->RunSteps(8).ok());
+  ExpectSameTraining(**online, **offline);
+  EXPECT_EQ((*online)->draft().parameters().size(), 16u);  // the three fc_norm weights
+}
+
 // Block drafts online ask the teacher (which captures EAGLE-3's layers by
 // default) for the layers they read, per stream, and train exactly as from
 // a store dumped with those layers: loss, per-slot acc and weights, bit for

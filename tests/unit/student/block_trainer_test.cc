@@ -6,10 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file.h"
+#include "common/hf_config.h"
 #include "common/jobspec/job_spec.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "student/block_export.h"
+#include "student/block_plugin.h"
 #include "student/student_commands.h"
 #include "student/trainer.h"
 #include "teacher/dump.h"
@@ -188,7 +191,7 @@ TEST_P(BlockTrainerKindTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
   config.block.block_size += 1;
   auto other = Trainer::Create(config, 0, 1, {});
   ASSERT_FALSE(other.ok());
-  EXPECT_NE(other.status().message().find("block draft"), std::string::npos) << other.status();
+  EXPECT_NE(other.status().message().find("block_draft"), std::string::npos) << other.status();
 }
 
 TEST_P(BlockTrainerKindTest, LearnsTheFirstDraftedTokenAndEvaluates) {
@@ -197,24 +200,24 @@ TEST_P(BlockTrainerKindTest, LearnsTheFirstDraftedTokenAndEvaluates) {
   config.lr = 5e-3;
   auto trainer = Trainer::Create(config, 0, 1, {});
   ASSERT_TRUE(trainer.ok()) << trainer.status();
-  auto untrained =
-      EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 1, 0, torch::kFloat32);
+  EvalOptions seed1;
+  seed1.seed = 1;
+  auto untrained = Evaluate((*trainer)->draft(), (*trainer)->source(), seed1);
   ASSERT_TRUE(untrained.ok()) << untrained.status();
   ASSERT_TRUE((*trainer)->Run().ok());
-  auto trained =
-      EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 1, 0, torch::kFloat32);
+  auto trained = Evaluate((*trainer)->draft(), (*trainer)->source(), seed1);
   ASSERT_TRUE(trained.ok()) << trained.status();
   // The first drafted token: DFlash's slot 1, DSpark's slot 0.
   const size_t first = GetParam() == BlockDraftKind::kDFlash ? 1 : 0;
   std::cout << BlockDraftKindName(GetParam()) << ": acc of the first drafted token "
-            << untrained->base.acc_k[first] << " -> " << trained->base.acc_k[first] << ", tau "
-            << untrained->tau << " -> " << trained->tau << ", loss " << untrained->base.loss
-            << " -> " << trained->base.loss << " (chance " << 1.0 / kVocab << ")\n";
-  EXPECT_GT(trained->base.acc_k[first], 0.3);  // chance is 1/256
-  EXPECT_GT(trained->tau, untrained->tau + 0.2);
-  EXPECT_LT(trained->base.loss, untrained->base.loss);
+            << untrained->acc_k[first] << " -> " << trained->acc_k[first] << ", tau "
+            << *untrained->tau << " -> " << *trained->tau << ", loss " << untrained->loss
+            << " -> " << trained->loss << " (chance " << 1.0 / kVocab << ")\n";
+  EXPECT_GT(trained->acc_k[first], 0.3);  // chance is 1/256
+  EXPECT_GT(*trained->tau, *untrained->tau + 0.2);
+  EXPECT_LT(trained->loss, untrained->loss);
   if (GetParam() == BlockDraftKind::kDFlash) {
-    EXPECT_EQ(trained->base.acc_k[0], 0.0);
+    EXPECT_EQ(trained->acc_k[0], 0.0);
   }
 }
 
@@ -233,20 +236,20 @@ TEST_P(BlockTrainerKindTest, ExportsAndEvaluatesCheckpointsAndExports) {
   EXPECT_EQ(exported->options.target_layer_ids, (std::vector<int64_t>{1, 4}));
 
   // Evaluating the checkpoint equals evaluating the trained draft in memory.
-  auto own = EvaluateBlock(*(*trainer)->block_draft(), (*trainer)->source(), 0, 0, torch::kFloat32);
+  auto own = Evaluate((*trainer)->draft(), (*trainer)->source());
   ASSERT_TRUE(own.ok()) << own.status();
   auto line = EvaluateCheckpoint(dir.Join("checkpoints"), dir_->Join("store"), 0, 0);
   ASSERT_TRUE(line.ok()) << line.status();
   const nlohmann::json from_checkpoint = nlohmann::json::parse(*line);
   EXPECT_EQ(from_checkpoint["type"], BlockDraftKindName(GetParam()));
-  EXPECT_DOUBLE_EQ(from_checkpoint["tau"].get<double>(), own->tau);
-  EXPECT_DOUBLE_EQ(from_checkpoint["loss"].get<double>(), own->base.loss);
+  EXPECT_DOUBLE_EQ(from_checkpoint["tau"].get<double>(), *own->tau);
+  EXPECT_DOUBLE_EQ(from_checkpoint["loss"].get<double>(), own->loss);
   EXPECT_EQ(from_checkpoint.contains("conf_ece"), GetParam() == BlockDraftKind::kDSpark);
   // The export holds bf16 weights: close, not equal.
   line = EvaluateCheckpoint(dir.Join("export"), dir_->Join("store"), 0, 0, dir_->Join("target"));
   ASSERT_TRUE(line.ok()) << line.status();
   const nlohmann::json from_export = nlohmann::json::parse(*line);
-  EXPECT_NEAR(from_export["loss"].get<double>(), own->base.loss, 0.05 * own->base.loss);
+  EXPECT_NEAR(from_export["loss"].get<double>(), own->loss, 0.05 * own->loss);
   // An export written from the checkpoint has the same tensors.
   ASSERT_TRUE(ExportCheckpoint(dir.Join("checkpoints"), dir.Join("again")).ok());
   auto again = ReadBlockExport(dir.Join("again"));
@@ -254,6 +257,32 @@ TEST_P(BlockTrainerKindTest, ExportsAndEvaluatesCheckpointsAndExports) {
   for (const auto& [name, t] : exported->tensors) {
     EXPECT_TRUE(torch::equal(t, again->tensors.at(name))) << name;
   }
+
+  // An export in float32 evaluates exactly as its checkpoint: it carries
+  // the loss settings (anchors, γ, loss weights) that eval needs. (It used
+  // to fall back to the defaults, γ 7 and 512 anchors, for DSpark's γ 4.)
+  auto restored = RestoreDraft(dir.Join("checkpoints"));
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  auto target = LoadHfConfig(dir_->Join("target"));
+  ASSERT_TRUE(target.ok()) << target.status();
+  ASSERT_TRUE(ExportBlockDraft(*AsBlockDraft(*restored->draft), *target, dir.Join("f32"), "float32")
+                  .ok());
+  line = EvaluateCheckpoint(dir.Join("f32"), dir_->Join("store"), 0, 0, dir_->Join("target"));
+  ASSERT_TRUE(line.ok()) << line.status();
+  const nlohmann::json from_f32 = nlohmann::json::parse(*line);
+  EXPECT_NEAR(from_f32["loss"].get<double>(), from_checkpoint["loss"].get<double>(),
+              1e-6 * from_checkpoint["loss"].get<double>());
+  EXPECT_DOUBLE_EQ(from_f32["tau"].get<double>(), from_checkpoint["tau"].get<double>());
+  EXPECT_EQ(from_f32["positions"], from_checkpoint["positions"]);
+  // Without them (an export from another tool) eval refuses, naming the key.
+  auto text = ReadFileToString(dir.Join("f32") + "/config.json");
+  ASSERT_TRUE(text.ok());
+  nlohmann::json stripped = nlohmann::json::parse(*text);
+  stripped.erase(kBlockTrainingKey);
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("f32") + "/config.json", stripped.dump()).ok());
+  line = EvaluateCheckpoint(dir.Join("f32"), dir_->Join("store"), 0, 0, dir_->Join("target"));
+  ASSERT_FALSE(line.ok());
+  EXPECT_NE(line.status().message().find(kBlockTrainingKey), std::string::npos) << line.status();
 }
 
 // ---------------------------------------------------------------------------
@@ -432,8 +461,9 @@ training:
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   ASSERT_TRUE((*trainer)->Run().ok());
   EXPECT_EQ((*trainer)->step(), 3);
-  ASSERT_NE((*trainer)->block_draft(), nullptr);
-  EXPECT_EQ((*trainer)->block_draft()->options().kind, BlockDraftKind::kDSpark);
+  EXPECT_EQ((*trainer)->draft().type(), "dspark");
+  ASSERT_NE(AsBlockDraft((*trainer)->draft()), nullptr);
+  EXPECT_EQ(AsBlockDraft((*trainer)->draft())->options().kind, BlockDraftKind::kDSpark);
 }
 
 TEST_F(BlockTrainerTest, CapturesTheDraftCannotReadAreRefusedAtStart) {

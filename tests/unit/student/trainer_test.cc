@@ -8,6 +8,7 @@
 #include "common/torch/process_group.h"
 #include "gtest/gtest.h"
 #include "student/export.h"
+#include "student/eagle3_plugin.h"
 #include "student/student_commands.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
@@ -21,7 +22,7 @@ namespace {
 // A tiny random teacher and a store of 24 pre-tokenized samples dumped from it
 // (shared by every test in the suite: dumping is the slow part).
 class TrainerTest : public ::testing::Test {
- protected:
+ public:
   static void SetUpTestSuite() {
     dir_ = new specstream::testing::TempDir();
     specstream::testing::TinyModelOptions model;
@@ -67,6 +68,7 @@ class TrainerTest : public ::testing::Test {
   }
 
   static double MaxParameterDifference(Trainer& a, Trainer& b) {
+    EXPECT_EQ(a.draft().parameters().size(), b.draft().parameters().size());
     double diff = 0;
     for (size_t i = 0; i < a.draft().parameters().size(); ++i) {
       diff = std::max(diff, (a.draft().parameters()[i].second - b.draft().parameters()[i].second)
@@ -88,15 +90,15 @@ class TrainerDdpTest : public TrainerTest, public ::testing::WithParamInterface<
 // all-reduces launched from backward hooks while backward still runs).
 INSTANTIATE_TEST_SUITE_P(Buckets, TrainerDdpTest, ::testing::Values(int64_t{4} << 20, 2048));
 
-TEST_P(TrainerDdpTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
-  TrainerConfig single_config = Config();
-  auto single = Trainer::Create(single_config, 0, 1, {});
+// Two DP ranks of batch 2 against one rank of batch 4, 20 steps of `base`.
+void ExpectTwoRanksEqualOneRank(const TrainerConfig& base, int64_t bucket_elements) {
+  auto single = Trainer::Create(base, 0, 1, {});
   ASSERT_TRUE(single.ok()) << single.status();
   ASSERT_TRUE((*single)->RunSteps(20).ok());
 
-  TrainerConfig ddp_config = Config();
+  TrainerConfig ddp_config = base;
   ddp_config.batch_size = 2;
-  ddp_config.ddp_bucket_elements = GetParam();
+  ddp_config.ddp_bucket_elements = bucket_elements;
   std::unique_ptr<Trainer> ranks[2];
   absl::Status status = specstream::testing::RunOnRankThreads(
       2, [&](int rank, c10::intrusive_ptr<CommGroup> group) -> absl::Status {
@@ -108,11 +110,26 @@ TEST_P(TrainerDdpTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
       });
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(ranks[0]->step(), 20);
-  EXPECT_LE(MaxParameterDifference(*ranks[0], **single), 1e-5);
-  EXPECT_EQ(MaxParameterDifference(*ranks[0], *ranks[1]), 0.0);  // replicas stay identical
+  EXPECT_LE(TrainerTest::MaxParameterDifference(*ranks[0], **single), 1e-5);
+  EXPECT_EQ(TrainerTest::MaxParameterDifference(*ranks[0], *ranks[1]), 0.0);  // replicas stay identical
   // Metrics are global: the same on both layouts.
   EXPECT_NEAR(ranks[0]->history().back().loss, (*single)->history().back().loss, 1e-5);
   EXPECT_EQ(ranks[0]->history().back().positions, (*single)->history().back().positions);
+}
+
+TEST_P(TrainerDdpTest, TwoRanksWithBatchBEqualOneRankWithBatch2B) {
+  ExpectTwoRanksEqualOneRank(Config(), GetParam());
+}
+
+// EAGLE 3.1's flags (their norms are parameters too, reduced like the rest).
+TEST_F(TrainerTest, TwoRanksEqualOneRankWithEagle31Flags) {
+  for (const Eagle3Options& flags : {Eagle3Options{true, true, false}, Eagle3Options{false, true, true}}) {
+    SCOPED_TRACE(::testing::Message() << "fc_norm " << flags.fc_norm << ", norm_before_fc "
+                                      << flags.norm_before_fc);
+    TrainerConfig config = Config();
+    config.eagle3 = flags;
+    ExpectTwoRanksEqualOneRank(config, int64_t{4} << 20);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -124,6 +141,7 @@ struct CpCase {
   int world, cp, ulysses;
   int64_t max_length;  // 0: the samples' own lengths (12-31, odd maxima)
   const char* name;
+  Eagle3Options eagle3 = {};  // EAGLE 3.1's flags
 };
 
 std::ostream& operator<<(std::ostream& os, const CpCase& c) { return os << c.name; }
@@ -141,6 +159,7 @@ class TrainerCpTest : public TrainerTest, public ::testing::WithParamInterface<C
     config.batch_size = reference ? 4 : 4 / (c.world / c.cp);
     config.cp_size = reference ? 1 : c.cp;
     config.ulysses_degree = reference ? 1 : c.ulysses;
+    config.eagle3 = c.eagle3;
     return config;
   }
 
@@ -165,7 +184,10 @@ INSTANTIATE_TEST_SUITE_P(
                       CpCase{4, 4, 1, 0, "ring_cp4"}, CpCase{4, 4, 4, 0, "ulysses_cp4"},
                       CpCase{4, 4, 2, 0, "usp_cp4_ulysses2"}, CpCase{4, 2, 1, 0, "dp2_ring_cp2"},
                       CpCase{4, 4, 2, 6, "usp_cp4_T6_empty_last_shard"},
-                      CpCase{4, 4, 1, 6, "ring_cp4_T6_empty_last_shard"}),
+                      CpCase{4, 4, 1, 6, "ring_cp4_T6_empty_last_shard"},
+                      CpCase{2, 2, 1, 0, "ring_cp2_eagle31", {true, true, false}},
+                      CpCase{2, 2, 2, 0, "ulysses_cp2_eagle31", {true, true, false}},
+                      CpCase{4, 4, 2, 0, "usp_cp4_norm_before_fc", {false, true, true}}),
     [](const ::testing::TestParamInfo<CpCase>& info) { return std::string(info.param.name); });
 
 // One step on the same batch: loss, acc_k and every parameter gradient (the
@@ -339,6 +361,39 @@ TEST_F(TrainerTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
   EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
 }
 
+// EAGLE 3.1's norms are checkpointed and restored like every parameter, and
+// a resume with other flags is refused, naming them.
+TEST_F(TrainerTest, Eagle31ResumesBitwiseAndRefusesOtherFlags) {
+  specstream::testing::TempDir dir;
+  TrainerConfig config = Config();
+  config.eagle3 = {true, true, false};
+  config.max_steps = 8;
+  config.checkpoint_every = 4;
+  config.checkpoint_dir = dir.Join("straight");
+  auto straight = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  ASSERT_TRUE((*straight)->Run().ok());
+  config.checkpoint_dir = dir.Join("interrupted");
+  {
+    auto first = Trainer::Create(config, 0, 1, {});
+    ASSERT_TRUE(first.ok());
+    ASSERT_TRUE((*first)->RunSteps(6).ok());
+  }
+  config.resume = true;
+  auto resumed = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->step(), 4);
+  ASSERT_TRUE((*resumed)->Run().ok());
+  EXPECT_EQ(MaxParameterDifference(**straight, **resumed), 0.0);
+  EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
+
+  config.eagle3.norm_output = false;
+  auto other = Trainer::Create(config, 0, 1, {});
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("eagle3"), std::string::npos) << other.status();
+  EXPECT_NE(other.status().message().find("norm_output"), std::string::npos) << other.status();
+}
+
 TEST_F(TrainerTest, ExportAtTheEndHasTheServingLayout) {
   specstream::testing::TempDir dir;
   TrainerConfig config = Config();
@@ -367,11 +422,23 @@ TEST_F(TrainerTest, ExportAtTheEndHasTheServingLayout) {
   auto line = EvaluateCheckpoint(dir.Join("export"), config.store, 3, 0, config.target_dir);
   ASSERT_TRUE(line.ok()) << line.status();
   const nlohmann::json eval = nlohmann::json::parse(*line);
-  auto own = Evaluate((*trainer)->draft(), (*trainer)->source(), 3, 0, torch::kFloat32);
+  auto own = Evaluate((*trainer)->draft(), (*trainer)->source());
   ASSERT_TRUE(own.ok()) << own.status();
   // The export holds bf16 weights: the same draft up to that rounding.
   EXPECT_NEAR(eval["loss"].get<double>(), own->loss, 0.05 * own->loss);
   EXPECT_EQ(eval["positions"].get<int64_t>(), own->positions);
+
+  // In float32 the export evaluates exactly as the checkpoint of the same
+  // step does (and as the draft in memory).
+  auto in = DraftExportInput(*AsEagle3Draft((*trainer)->draft()), config.target_dir, {1, 3, 4});
+  ASSERT_TRUE(in.ok()) << in.status();
+  in->config.torch_dtype = "float32";
+  ASSERT_TRUE(ExportDraft(*in, dir.Join("f32")).ok());
+  auto f32 = EvaluateCheckpoint(dir.Join("f32"), config.store, 3, 0, config.target_dir);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  const nlohmann::json from_f32 = nlohmann::json::parse(*f32);
+  EXPECT_NEAR(from_f32["loss"].get<double>(), own->loss, 1e-6 * own->loss);
+  EXPECT_EQ(from_f32["acc"].get<std::vector<double>>(), own->acc_k);
 }
 
 TEST_F(TrainerTest, BadConfigsAreRefusedClearly) {

@@ -385,6 +385,17 @@ TEST(JobConfigTest, BlockDraftsTakeContextParallelismInEveryMode) {
   }
 }
 
+TEST(JobConfigTest, Eagle31FlagsAreKept) {
+  auto spec = ParseJobSpecYaml(Edit("    draft_vocab_size: 32000\n",
+                                    "    draft_vocab_size: 32000\n    fc_norm: true\n"
+                                    "    norm_output: true\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->model().draft().fc_norm());
+  EXPECT_TRUE(spec->model().draft().norm_output());
+  EXPECT_FALSE(spec->model().draft().norm_before_fc());
+  ExpectIdempotent(*spec);
+}
+
 TEST(JobConfigTest, EveryBlockDraftRefusalNamesItsField) {
   struct BlockRefusal {
     std::string spec;
@@ -415,6 +426,12 @@ TEST(JobConfigTest, EveryBlockDraftRefusalNamesItsField) {
       {eagle3("confidence_head_with_markov: true"), "model.draft.confidence_head_with_markov",
        dspark_only},
       {eagle3("loss_weights: {ce: 1}"), "model.draft.loss_weights", dspark_only},
+      // EAGLE 3.1's flags are EAGLE-3's, and its two norms exclude each other.
+      {dflash("fc_norm: true"), "model.draft.fc_norm", "only for eagle3 drafts"},
+      {dspark("norm_output: true"), "model.draft.norm_output", "only for eagle3 drafts"},
+      {dspark("norm_before_fc: true"), "model.draft.norm_before_fc", "only for eagle3 drafts"},
+      {eagle3("fc_norm: true\n    norm_before_fc: true"), "model.draft.fc_norm",
+       "together with model.draft.norm_before_fc"},
       // DFlash takes none of DSpark's.
       {dflash("markov_rank: 256"), "model.draft.markov_rank", dspark_only},
       {dflash("markov_head_type: vanilla"), "model.draft.markov_head_type", dspark_only},
