@@ -107,8 +107,10 @@ bool IsTrainingDevice(absl::string_view device);
 absl::StatusOr<std::string> JobYamlToJson(absl::string_view yaml_text);
 
 // A stable 16-hex-digit fingerprint of a (validated) spec: FNV-1a 64 over its
-// deterministic binary serialization. Checkpoints record it so a resume with
-// a different spec is noticed.
+// deterministic binary serialization (tests check with it that validation is
+// idempotent). Checkpoints do not record it: a resume checks what makes it
+// exact instead (the draft's type and options, the data plan, the world
+// layout: student/train_state.h), naming what differs.
 std::string JobSpecFingerprint(const specstream::v1::JobSpec& spec);
 
 }  // namespace specstream::jobspec

@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
   sp_cmd->add_option("--template", sp.chat_template, "Chat template");
   sp_cmd->add_option("--max-new", sp.max_new, "Tokens per answer at most");
   sp_cmd->add_option("--temperatures", sp.temperatures, "Comma-separated, e.g. 0,1");
-  sp_cmd->add_option("--k", sp.chain, "EAGLE-3 chain length");
+  sp_cmd->add_option("--k", sp.chain, "EAGLE-3 / EAGLE 3.1 chain length (block drafts propose their block)");
   sp_cmd->add_option("--seed", sp.seed, "Sampling seed (plus the prompt id)");
   sp_cmd->add_option("--limit", sp.limit, "First N prompts of the split (0: all)");
   sp_cmd->add_option("--dtype", sp.dtype, "float32 | bfloat16 | auto");

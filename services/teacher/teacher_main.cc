@@ -87,7 +87,8 @@ struct RuntimeFlags {
     app->add_option("--ep", ep,
                     "Expert-parallel ranks within the TP group (MoE models, --runtime sglang)");
     app->add_option("--dtype", dtype, "auto | float32 | bfloat16");
-    app->add_option("--capture-layers", capture, "EAGLE-3 capture layer ids (default 1,L/2-1,L-4)");
+    app->add_option("--capture-layers", capture,
+                    "Capture layer ids (default EAGLE-3's 1,L/2-1,L-4; block drafts name theirs)");
     app->add_option("--capture-for", capture_for,
                     "eagle3 (default: --capture-layers must be 3 ascending ids below L-1, what "
                     "an EAGLE-3 draft and its servers use) | any");
@@ -406,7 +407,7 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
 int main(int argc, char** argv) {
   // Before any thread: may re-execute this binary (common/openmp_wait.h).
   specstream::PreferPassiveOpenMpWait(argv);
-  CLI::App app{"SpecStream teacher: runs the target model and captures EAGLE-3 hidden states"};
+  CLI::App app{"SpecStream teacher: runs the target model and captures the hidden states drafts train on"};
   app.require_subcommand(1);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
