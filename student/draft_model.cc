@@ -207,6 +207,7 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
   if (valid_denominators.dim() != 1 || valid_denominators.size(0) != ttt_steps) {
     return absl::InvalidArgumentError("one valid-position denominator per TTT step is required");
   }
+  proposal_cache_ = {};  // training may change the weights the cache was made with
   TttOutputs out;
   absl::Status status = CatchTorch("draft forward", [&] {
     const DraftShape& s = shape_;
@@ -348,6 +349,26 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
   return out;
 }
 
+int64_t Eagle3Draft::CachedProposalRows(const std::vector<int32_t>& ids,
+                                        const torch::Tensor& aux) const {
+  // Row j's step-0 key reads ids[j + 1] and aux[j]: it still holds while
+  // both are what they were.
+  // The last row is always run again: its hidden state starts the chain.
+  const int64_t rows = static_cast<int64_t>(ids.size()) - 1;
+  int64_t m = std::min<int64_t>(proposal_cache_.rows, rows - 1);
+  for (int64_t j = 0; j < m; ++j) {
+    if (proposal_cache_.ids[j + 1] != ids[j + 1] || proposal_cache_.ids[0] != ids[0]) {
+      m = j;
+      break;
+    }
+  }
+  if (m > 0 && !torch::equal(proposal_cache_.aux.narrow(0, 0, m),
+                             aux.narrow(0, 0, m).to(proposal_cache_.aux.device(), torch::kFloat32))) {
+    return 0;
+  }
+  return m;
+}
+
 absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
                                   int64_t max_tokens, spec::TokenChooser& chooser,
                                   std::vector<int32_t>* tokens) {
@@ -373,33 +394,51 @@ absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::
     const torch::Tensor pos = torch::arange(0, rows + max_tokens, used.options());
     auto [cos_all, sin_all] = rotary_->CosSin(pos, f32);
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    // Step 0 over every row: keys/values of all rows, the last row's query.
-    std::vector<int64_t> next_ids(ids.begin() + 1, ids.end());
-    torch::Tensor h = FcInput(aux.to(device()), f32);  // [rows, H]
+    // Step 0: every row's keys and values, the last row's query. Rows whose
+    // ids and captures are unchanged since the last proposal (the committed
+    // prefix of a decode) keep their keys from then: only the new rows run.
+    const int64_t cached = CachedProposalRows(ids, aux);
+    const int64_t fresh = rows - cached;
+    std::vector<int64_t> next_ids(ids.begin() + 1 + cached, ids.end());
+    const torch::Tensor aux_rows = aux.to(device(), f32);
+    const torch::Tensor h = FcInput(aux_rows.narrow(0, cached, fresh), f32);  // [fresh, H]
     torch::Tensor token_embed = embed_.index_select(0, torch::tensor(next_ids, used.options()));
     torch::Tensor keys, values;  // [KV, rows + k, D]
     torch::Tensor h_row;         // [1, H]: the last row's hidden state
     for (int64_t k = 0; k < max_tokens; ++k) {
-      // Step 0 covers every row; later steps only the last one, at position r + k.
+      // Step 0 covers the new rows; later steps only the last one, at
+      // position r + k.
       torch::Tensor x = torch::cat({nn::RmsNorm(token_embed.to(f32), in_ln, eps),
                                     nn::RmsNorm(k == 0 ? h : h_row, hid_ln, eps)},
                                    -1);
       const int64_t m = x.size(0);
-      torch::Tensor cos = cos_all.narrow(0, k == 0 ? 0 : r + k, m);
-      torch::Tensor sin = sin_all.narrow(0, k == 0 ? 0 : r + k, m);
-      auto heads = [&](const torch::Tensor& w, int64_t count) {
-        return nn::ApplyRotary(torch::linear(x, w).view({m, count, D}).transpose(0, 1), cos, sin);
-      };
-      torch::Tensor kk = heads(k_w, KV);
+      const int64_t first = k == 0 ? cached : r + k;  // position of x's first row
+      torch::Tensor cos = cos_all.narrow(0, first, m), sin = sin_all.narrow(0, first, m);
+      torch::Tensor kk = nn::ApplyRotary(
+          torch::linear(x, k_w).view({m, KV, D}).transpose(0, 1), cos, sin);
       torch::Tensor vv = torch::linear(x, v_w).view({m, KV, D}).transpose(0, 1);
-      keys = k == 0 ? kk : torch::cat({keys, kk}, 1);
-      values = k == 0 ? vv : torch::cat({values, vv}, 1);
-      torch::Tensor q = heads(q_w, A).narrow(1, m - 1, 1);  // [A, 1, D]: the last row
+      if (k == 0) {
+        keys = cached > 0 ? torch::cat({proposal_cache_.keys.narrow(1, 0, cached), kk}, 1) : kk;
+        values =
+            cached > 0 ? torch::cat({proposal_cache_.values.narrow(1, 0, cached), vv}, 1) : vv;
+        proposal_cache_.ids = ids;
+        proposal_cache_.aux = aux_rows;
+        proposal_cache_.keys = keys;
+        proposal_cache_.values = values;
+        proposal_cache_.rows = rows;
+      } else {
+        keys = torch::cat({keys, kk}, 1);
+        values = torch::cat({values, vv}, 1);
+      }
+      // The last row's query: [A, 1, D].
+      torch::Tensor q = nn::ApplyRotary(
+          torch::linear(x.narrow(0, m - 1, 1), q_w).view({1, A, D}).transpose(0, 1),
+          cos.narrow(0, m - 1, 1), sin.narrow(0, m - 1, 1));
       torch::Tensor scores =
           torch::matmul(q.reshape({KV, group, D}), keys.transpose(1, 2)).mul_(scale);
       torch::Tensor a = torch::matmul(torch::softmax(scores, -1), values);  // [KV, group, D]
       a = torch::linear(a.reshape({1, A * D}), P("midlayer.self_attn.o_proj.weight"));
-      torch::Tensor h_prev = k == 0 ? h.narrow(0, r, 1) : h_row;
+      torch::Tensor h_prev = k == 0 ? h.narrow(0, fresh - 1, 1) : h_row;
       torch::Tensor h_next = h_prev + a;
       h_next = h_next + nn::SwiGluMlp(
                             nn::RmsNorm(h_next, P("midlayer.post_attention_layernorm.weight"), eps),

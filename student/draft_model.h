@@ -157,7 +157,10 @@ class Eagle3Draft final {
   // embed(ids[n-1]) and fc(aux[n-2]) and attends to every row's step-0 keys;
   // step k reads its own previous hidden state and token. Each token is
   // picked by `chooser` from the draft's logits over the target vocab (-inf
-  // outside the draft vocab). float32 math, no gradient.
+  // outside the draft vocab). float32 math, no gradient. Step 0's keys and
+  // values of the rows a call shares with the previous one (same ids, same
+  // captures: a decode's committed prefix) are kept between calls, so a
+  // round runs the draft on its new rows only; Forward drops them.
   absl::Status Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
                        int64_t max_tokens, spec::TokenChooser& chooser,
                        std::vector<int32_t>* tokens);
@@ -185,6 +188,9 @@ class Eagle3Draft final {
   // The hidden input of the step after one whose layer output is `h`
   // (norm(h) under norm_output, else h itself).
   torch::Tensor NextHidden(const torch::Tensor& h, const torch::Tensor& norm) const;
+  // How many leading rows of the last proposal's step-0 keys still hold for
+  // these ids and captures.
+  int64_t CachedProposalRows(const std::vector<int32_t>& ids, const torch::Tensor& aux) const;
   // valid[k] over the batch's own rows as a [B, T] bool mask.
   torch::Tensor ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab, int k) const;
 
@@ -198,6 +204,14 @@ class Eagle3Draft final {
   torch::Tensor full_lm_head_;  // frozen [V, Ht], only when needed
   torch::Tensor t2d_;           // [V] bool
   std::optional<nn::Rotary> rotary_;
+  // Propose's step-0 keys and values of `rows` rows, made from `ids` and
+  // `aux` (float32, on the draft's device).
+  struct ProposalCache {
+    std::vector<int32_t> ids;
+    torch::Tensor aux, keys, values;
+    int64_t rows = 0;
+  };
+  ProposalCache proposal_cache_;
 };
 
 }  // namespace specstream::student

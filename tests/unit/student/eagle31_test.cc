@@ -324,6 +324,41 @@ TEST_F(Eagle31Test, ProposalsFollowTheTrainingForwardAtEveryStep) {
   }
 }
 
+// A decode calls Propose with a growing committed prefix; the rows it shares
+// with the call before keep their step-0 keys. The tokens equal those of a
+// draft proposing from scratch each time (the same weights, no cache).
+TEST_F(Eagle31Test, CachedProposalsEqualProposalsFromScratch) {
+  for (const Eagle3Options& flags : {Eagle3Options{}, Eagle3Options{true, true, false}}) {
+    std::unique_ptr<Eagle3Draft> warm = Draft(flags, 21);
+    ASSERT_NE(warm, nullptr);
+    const int64_t t = 20;
+    torch::manual_seed(8);
+    const torch::Tensor aux = torch::randn({t, 3 * shape_.hidden_size}) * 2;
+    const std::vector<int32_t> ids = testing::RandomTokens(t + 1, model_.vocab - 1, 4);
+    std::mt19937_64 rng(0);
+    spec::TokenChooser chooser(0, &rng);
+    // Prefixes as a decode grows them (1 to 3 tokens a round), with one
+    // rewind to a shorter prefix and a repeated call.
+    for (int64_t n : {3, 4, 7, 8, 8, 11, 6, 9, 14, 17}) {
+      SCOPED_TRACE(::testing::Message() << "prefix of " << n << " ids");
+      const std::vector<int32_t> prefix(ids.begin(), ids.begin() + n);
+      std::vector<int32_t> cached, scratch;
+      ASSERT_TRUE(warm->Propose(prefix, aux.narrow(0, 0, n - 1), 4, chooser, &cached).ok());
+      std::unique_ptr<Eagle3Draft> cold = Draft(flags, 21);
+      ASSERT_TRUE(cold->Propose(prefix, aux.narrow(0, 0, n - 1), 4, chooser, &scratch).ok());
+      EXPECT_EQ(cached, scratch);
+    }
+    // New captures under the same ids are not taken from the cache.
+    const std::vector<int32_t> prefix(ids.begin(), ids.begin() + 10);
+    const torch::Tensor other = torch::randn({9, 3 * shape_.hidden_size}) * 2;
+    std::vector<int32_t> cached, scratch;
+    ASSERT_TRUE(warm->Propose(prefix, other, 4, chooser, &cached).ok());
+    std::unique_ptr<Eagle3Draft> cold = Draft(flags, 21);
+    ASSERT_TRUE(cold->Propose(prefix, other, 4, chooser, &scratch).ok());
+    EXPECT_EQ(cached, scratch);
+  }
+}
+
 TEST_F(Eagle31Test, ExportRoundTripCarriesTheFlagsAndTheirNorms) {
   for (const Eagle3Options& flags :
        {Eagle3Options{true, true, false}, Eagle3Options{false, false, true}}) {
