@@ -60,23 +60,11 @@ std::string KnownTypes() {
 }  // namespace
 
 DraftShape DraftShapeFor(const TrainerConfig& c, const HfModelConfig& target, int64_t captures) {
-  DraftShape shape;
-  shape.hidden_size = target.hidden_size;
-  shape.target_hidden_size = target.hidden_size;
-  shape.num_captures = captures;
-  shape.intermediate_size =
-      c.intermediate_size > 0 ? c.intermediate_size : target.intermediate_size;
-  shape.num_attention_heads =
-      c.num_attention_heads > 0 ? c.num_attention_heads : target.num_attention_heads;
-  shape.num_key_value_heads =
-      c.num_key_value_heads > 0 ? c.num_key_value_heads : target.num_key_value_heads;
-  shape.head_dim = c.head_dim > 0 ? c.head_dim : target.head_dim;
-  shape.draft_vocab_size = target.vocab_size;
-  shape.target_vocab_size = target.vocab_size;
-  shape.rms_norm_eps = target.rms_norm_eps;
-  shape.rope_theta = target.rope_theta;
-  shape.rope_scaling = target.rope_scaling;
-  shape.max_position_embeddings = target.max_position_embeddings;
+  DraftShape shape = TargetDraftShape(target, captures);
+  if (c.intermediate_size > 0) shape.intermediate_size = c.intermediate_size;
+  if (c.num_attention_heads > 0) shape.num_attention_heads = c.num_attention_heads;
+  if (c.num_key_value_heads > 0) shape.num_key_value_heads = c.num_key_value_heads;
+  if (c.head_dim > 0) shape.head_dim = c.head_dim;
   return shape;
 }
 

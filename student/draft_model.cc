@@ -22,6 +22,22 @@ constexpr double kInitStd = 0.02;
 
 }  // namespace
 
+DraftShape TargetDraftShape(const HfModelConfig& target, int64_t captures) {
+  DraftShape shape;
+  shape.hidden_size = shape.target_hidden_size = target.hidden_size;
+  shape.num_captures = captures;
+  shape.intermediate_size = target.intermediate_size;
+  shape.num_attention_heads = target.num_attention_heads;
+  shape.num_key_value_heads = target.num_key_value_heads;
+  shape.head_dim = target.head_dim;
+  shape.draft_vocab_size = shape.target_vocab_size = target.vocab_size;
+  shape.rms_norm_eps = target.rms_norm_eps;
+  shape.rope_theta = target.rope_theta;
+  shape.rope_scaling = target.rope_scaling;
+  shape.max_position_embeddings = target.max_position_embeddings;
+  return shape;
+}
+
 absl::Status ValidateEagle3Options(const Eagle3Options& options) {
   if (options.fc_norm && options.norm_before_fc) {
     return absl::InvalidArgumentError(

@@ -53,6 +53,12 @@ struct DraftShape {
   int64_t max_position_embeddings = 0;
 };
 
+// A draft of the target's own sizes reading `captures` captured layers:
+// hidden sizes, heads, head_dim, intermediate size, vocab (the draft vocab
+// too, until an EAGLE-3 vocab map narrows it), norm epsilon, RoPE and
+// positions, all from the target's config.json.
+DraftShape TargetDraftShape(const HfModelConfig& target, int64_t captures);
+
 // EAGLE 3.1's opt-in changes to the EAGLE-3 draft (docs/eagle3.md). All
 // false is EAGLE-3, bit for bit.
 //   fc_norm: fc(cat(Norm_0(h_a), Norm_1(h_b), Norm_2(h_c))), a separate

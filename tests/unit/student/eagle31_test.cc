@@ -39,17 +39,8 @@ class Eagle31Test : public ::testing::Test {
     auto config = LoadHfConfig(tmp_.path());
     ASSERT_TRUE(config.ok()) << config.status();
     target_ = *config;
-    shape_.hidden_size = shape_.target_hidden_size = config->hidden_size;
-    shape_.intermediate_size = config->intermediate_size;
-    shape_.num_attention_heads = config->num_attention_heads;
-    shape_.num_key_value_heads = config->num_key_value_heads;
-    shape_.head_dim = config->head_dim;
-    shape_.target_vocab_size = config->vocab_size;
+    shape_ = TargetDraftShape(*config, 3);
     shape_.draft_vocab_size = kDraftVocab;
-    shape_.max_position_embeddings = config->max_position_embeddings;
-    shape_.rms_norm_eps = config->rms_norm_eps;
-    shape_.rope_theta = config->rope_theta;
-    shape_.num_captures = 3;
     // Every even id is in the draft vocab: the map's offsets are exercised.
     TokenCounter counter(model_.vocab);
     std::vector<int32_t> even;

@@ -29,14 +29,7 @@ class ProposerTest : public ::testing::Test {
     testing::WriteTinyModel(tmp_.path(), model_);
     auto config = LoadHfConfig(tmp_.path());
     ASSERT_TRUE(config.ok()) << config.status();
-    shape_.hidden_size = shape_.target_hidden_size = config->hidden_size;
-    shape_.intermediate_size = config->intermediate_size;
-    shape_.num_attention_heads = config->num_attention_heads;
-    shape_.num_key_value_heads = config->num_key_value_heads;
-    shape_.head_dim = config->head_dim;
-    shape_.target_vocab_size = config->vocab_size;
-    shape_.max_position_embeddings = config->max_position_embeddings;
-    shape_.num_captures = 2;
+    shape_ = TargetDraftShape(*config, 2);
   }
 
   std::vector<int32_t> Ids(int n, int seed) const {
