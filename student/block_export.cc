@@ -353,17 +353,8 @@ absl::StatusOr<BlockExport> ReadBlockExport(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     return annotate(ConfigError(key, e.what()));
   }
-  s.hidden_size = s.target_hidden_size = c.hidden_size;
-  s.num_captures = static_cast<int64_t>(o.target_layer_ids.size());
-  s.intermediate_size = c.intermediate_size;
-  s.num_attention_heads = c.num_attention_heads;
-  s.num_key_value_heads = c.num_key_value_heads;
-  s.head_dim = c.head_dim;
-  s.draft_vocab_size = s.target_vocab_size = c.vocab_size;
-  s.rms_norm_eps = c.rms_norm_eps;
-  s.rope_theta = c.rope_theta;
-  s.rope_scaling = c.rope_scaling;
-  s.max_position_embeddings = c.max_position_embeddings;
+  // The draft's Qwen3 config has the shape a draft of its own sizes has.
+  s = TargetDraftShape(c, static_cast<int64_t>(o.target_layer_ids.size()));
   out.bos_token_id = c.bos_token_id;
   out.eos_token_ids = c.eos_token_ids;
   out.eos_token_id_is_list = c.eos_token_id_is_list;
