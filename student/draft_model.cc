@@ -367,13 +367,13 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
 
 int64_t Eagle3Draft::CachedProposalRows(const std::vector<int32_t>& ids,
                                         const torch::Tensor& aux) const {
-  // Row j's step-0 key reads ids[j + 1] and aux[j]: it still holds while
-  // both are what they were.
-  // The last row is always run again: its hidden state starts the chain.
+  // Row j's step-0 key reads ids[j + 1] and aux[j] (no row reads ids[0]):
+  // it still holds while both are what they were. The last row is always
+  // run again: its hidden state starts the chain.
   const int64_t rows = static_cast<int64_t>(ids.size()) - 1;
   int64_t m = std::min<int64_t>(proposal_cache_.rows, rows - 1);
   for (int64_t j = 0; j < m; ++j) {
-    if (proposal_cache_.ids[j + 1] != ids[j + 1] || proposal_cache_.ids[0] != ids[0]) {
+    if (proposal_cache_.ids[j + 1] != ids[j + 1]) {
       m = j;
       break;
     }
