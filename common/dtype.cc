@@ -1,6 +1,7 @@
 #include "common/dtype.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace specstream {
 
@@ -63,6 +64,10 @@ absl::StatusOr<uint64_t> NumElements(const std::vector<int64_t>& shape) {
     n *= static_cast<uint64_t>(d);
   }
   return n;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 }  // namespace specstream

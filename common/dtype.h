@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,9 @@ size_t DTypeSize(DType dtype);
 
 // Product of `shape`; InvalidArgument on a negative dimension or overflow.
 absl::StatusOr<uint64_t> NumElements(const std::vector<int64_t>& shape);
+
+// "[2, 3]": a shape as error messages print it.
+std::string ShapeString(const std::vector<int64_t>& shape);
 
 }  // namespace specstream
 

@@ -33,10 +33,6 @@ std::string JoinPath(const std::string& dir, absl::string_view name) {
 // The key of sample `id`'s tensor `name` inside a shard.
 std::string TensorKey(int64_t id, absl::string_view name) { return absl::StrCat(id, ".", name); }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 bool ValidTensorName(absl::string_view name) {
   if (name.empty()) return false;
   for (char c : name) {

@@ -83,10 +83,6 @@ std::string Le64(uint64_t v) {
   return out;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 // Expected byte count of a tensor, or an error on overflow / negative dims.
 absl::StatusOr<uint64_t> ByteCount(DType dtype, const std::vector<int64_t>& shape) {
   ASSIGN_OR_RETURN(uint64_t elements, NumElements(shape));

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/dtype.h"
 #include "common/file.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
@@ -28,10 +29,6 @@ absl::Status ConfigError(absl::string_view field, absl::string_view reason) {
 
 absl::Status TensorError(absl::string_view name, absl::string_view reason) {
   return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", reason));
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 const char* Architecture(BlockDraftKind kind) {
@@ -119,7 +116,7 @@ absl::Status CheckTensor(const std::string& name, const std::vector<int64_t>& ex
   const std::vector<int64_t> shape = ShapeOf(t);
   if (shape != expected) {
     return TensorError(
-        name, absl::StrCat("shape ", ShapeText(shape), ", expected ", ShapeText(expected)));
+        name, absl::StrCat("shape ", ShapeString(shape), ", expected ", ShapeString(expected)));
   }
   if (!t.is_floating_point()) {
     return TensorError(name, absl::StrCat("dtype ", c10::toString(t.scalar_type()),

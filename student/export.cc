@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/dtype.h"
 #include "common/file.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
@@ -75,10 +76,6 @@ std::vector<Expected> ExpectedTensors(const ExportConfig& c) {
   }
   if (c.norm_before_fc) out.push_back({kNormBeforeFcTensor, {3 * th}, Kind::kWeight});
   return out;
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 absl::Status ConfigError(absl::string_view field, absl::string_view reason) {
@@ -159,7 +156,7 @@ absl::Status CheckTensor(const Expected& e, const torch::Tensor& t) {
   std::vector<int64_t> shape = ShapeOf(t);
   if (shape != e.shape) {
     return TensorError(e.name,
-                       absl::StrCat("shape ", ShapeText(shape), ", expected ", ShapeText(e.shape)));
+                       absl::StrCat("shape ", ShapeString(shape), ", expected ", ShapeString(e.shape)));
   }
   const auto type = t.scalar_type();
   switch (e.kind) {
