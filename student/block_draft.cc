@@ -16,7 +16,6 @@
 namespace specstream::student {
 namespace {
 
-constexpr double kInitStd = 0.02;
 // Full-vocab logits held at once by the loss's chunks when not configured.
 constexpr int64_t kLossChunkLogits = int64_t{1} << 21;
 
@@ -313,9 +312,7 @@ absl::StatusOr<std::unique_ptr<BlockDraft>> BlockDraft::Create(const DraftShape&
   // head's output starts at zero, so training starts from the target's
   // lm_head alone.
   auto gen = at::detail::createCPUGenerator(seed);
-  auto normal = [&](std::vector<int64_t> dims) {
-    return at::normal(0.0, kInitStd, dims, gen, torch::TensorOptions().dtype(torch::kFloat32));
-  };
+  auto normal = [&](const std::vector<int64_t>& dims) { return HfInitNormal(gen, dims); };
   const int64_t A = s.num_attention_heads, B = s.num_key_value_heads, D = s.head_dim;
   const int64_t I = s.intermediate_size;
   draft->Add("fc.weight", normal({H, s.num_captures * H}));

@@ -16,11 +16,6 @@
 #include "student/ttt_attention.h"
 
 namespace specstream::student {
-namespace {
-
-constexpr double kInitStd = 0.02;
-
-}  // namespace
 
 DraftShape TargetDraftShape(const HfModelConfig& target, int64_t captures) {
   DraftShape shape;
@@ -46,6 +41,10 @@ absl::Status ValidateEagle3Options(const Eagle3Options& options) {
         "both");
   }
   return absl::OkStatus();
+}
+
+torch::Tensor HfInitNormal(at::Generator& gen, const std::vector<int64_t>& shape) {
+  return at::normal(0.0, 0.02, shape, gen, torch::TensorOptions().dtype(torch::kFloat32));
 }
 
 absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> LoadTargetEmbeddings(
@@ -129,9 +128,7 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(
   // HF-style init: linears N(0, 0.02), norms 1; the draft lm_head starts from
   // the target's rows of the draft vocab (the distribution it imitates).
   auto gen = at::detail::createCPUGenerator(seed);
-  auto normal = [&](std::vector<int64_t> dims) {
-    return at::normal(0.0, kInitStd, dims, gen, torch::TensorOptions().dtype(torch::kFloat32));
-  };
+  auto normal = [&](const std::vector<int64_t>& dims) { return HfInitNormal(gen, dims); };
   const int64_t A = s.num_attention_heads, B = s.num_key_value_heads, D = s.head_dim;
   const int64_t I = s.intermediate_size;
   draft->Add("fc.weight", normal({H, s.num_captures * Ht}));

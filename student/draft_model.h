@@ -125,6 +125,11 @@ struct TttOutputs {
 absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> LoadTargetEmbeddings(
     const std::string& target_dir, int64_t vocab, int64_t hidden, torch::Device device);
 
+// HF's init of a draft's linear weights: N(0, 0.02) float32 of `shape`,
+// drawn from `gen` (on the host, so every device starts from the same
+// weights). Both draft families start from it.
+torch::Tensor HfInitNormal(at::Generator& gen, const std::vector<int64_t>& shape);
+
 class Eagle3Draft final {
  public:
   // Random init (seeded, on the host, so every device starts from the same
