@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "student/blockwise_attention.h"
 #include "student/ring_hop.h"
 
 namespace specstream::student {
@@ -14,29 +15,17 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// q is viewed as [B, Hkv, G, N, bs, D] (G = Hq / Hkv); a chunk of nc blocks
-// is flattened to [B, Hkv, G·nc·bs, D] so that one batched matmul against a
-// context key block serves every query head of a kv head.
-struct Dims {
-  int64_t batch, q_heads, kv_heads, group, blocks, bs, rows, context, d;
+// The grouped-query layout of student/blockwise_attention.h, with the T
+// query rows cut into N = T / bs blocks: q is viewed as [B, Hkv, G, N, bs, D],
+// and a chunk of nc blocks is flattened to [B, Hkv, G·nc·bs, D]. `context`
+// is the context keys' length.
+struct Dims : GroupedDims {
+  int64_t blocks, bs, context;
 };
 
-torch::ScalarType ComputeType(torch::ScalarType input) {
-  return input == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-}
-
 Dims DimsOf(const torch::Tensor& q, const torch::Tensor& kc, int64_t block_size) {
-  Dims d{};
-  d.batch = q.size(0);
-  d.q_heads = q.size(1);
-  d.kv_heads = kc.size(1);
-  d.group = d.q_heads / d.kv_heads;
-  d.rows = q.size(2);
-  d.bs = block_size;
-  d.blocks = d.rows / block_size;
-  d.context = kc.size(2);
-  d.d = q.size(3);
-  return d;
+  const GroupedDims grouped = GroupedDimsOf(q, kc);
+  return Dims{grouped, grouped.t / block_size, block_size, kc.size(2)};
 }
 
 // One chunk of blocks [j0, j0 + nc): its largest and smallest context limit.
@@ -219,7 +208,7 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
                                int64_t query_rows, int64_t key_block, CommGroup* group,
                                int64_t tag_base) {
     const Dims dims = DimsOf(q, kc, block_size);
-    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const torch::ScalarType ct = AttentionComputeType(q.scalar_type());
     const std::vector<int64_t> q6_shape = {dims.batch,  dims.kv_heads, dims.group,
                                            dims.blocks, dims.bs,       dims.d};
     const torch::Tensor q6 = q.reshape(q6_shape);
@@ -279,7 +268,7 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     }
 
     torch::Tensor out = torch::empty_like(q, torch::MemoryFormat::Contiguous);
-    torch::Tensor lse = torch::empty({dims.batch, dims.q_heads, dims.rows}, q.options().dtype(ct));
+    torch::Tensor lse = torch::empty({dims.batch, dims.q_heads, dims.t}, q.options().dtype(ct));
     torch::Tensor out6 = out.view(q6_shape);
     torch::Tensor lse5 = lse.view({dims.batch, dims.kv_heads, dims.group, dims.blocks, dims.bs});
     const std::vector<ChunkState> states = states_of(packed, chunks);
@@ -315,7 +304,7 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     CommGroup* group =
         ctx->saved_data.count("group") != 0 ? &GroupFromCapsule(ctx->saved_data["group"]) : nullptr;
     const Dims dims = DimsOf(q, kc, block_size);
-    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const torch::ScalarType ct = AttentionComputeType(q.scalar_type());
     const std::vector<Chunk> chunks = Chunks(dims, limit, query_rows);
 
     const std::vector<int64_t> q6_shape = {dims.batch,  dims.kv_heads, dims.group,

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/torch/process_group.h"
+#include "student/blockwise_attention.h"
 #include "student/ring_hop.h"
 #include "student/ttt_attention.h"
 
@@ -75,31 +76,8 @@ class SequenceAllGatherFunction final
 // ---------------------------------------------------------------------------
 // Ring attention.
 
-// Layout as in ttt_attention.cc: q is viewed as [B, Hkv, G, T, D] (G = Hq /
-// Hkv, HF repeat_kv grouping) and a query chunk [qs, qs + L) is flattened to
-// [B, Hkv, G·L, D], so one batched matmul against a key chunk [B, Hkv, Lk, D]
-// serves every query head of a kv head and the transposed products sum the
-// group's dK/dV for free.
-struct Dims {
-  int64_t batch, q_heads, kv_heads, group, t, d;
-};
-
-Dims DimsOf(const torch::Tensor& q, const torch::Tensor& k) {
-  return Dims{q.size(0), q.size(1), k.size(1), q.size(1) / k.size(1), q.size(2), q.size(3)};
-}
-
-torch::ScalarType ComputeType(torch::ScalarType input) {
-  return input == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-}
-
-// Query rows [start, start + len) of a [B, Hkv, G, T, D] tensor as
-// [B, Hkv, G·len, D] in the compute type.
-torch::Tensor FlatRows(const torch::Tensor& x5, int64_t start, int64_t len, const Dims& dims,
-                       torch::ScalarType type) {
-  return x5.narrow(3, start, len)
-      .to(type)
-      .reshape({dims.batch, dims.kv_heads, dims.group * len, dims.d});
-}
+// The grouped-query layout of student/blockwise_attention.h.
+using Dims = GroupedDims;
 
 // Scaled scores of a flattened query chunk against key chunk [ks, ks + lk) of
 // a block. On the diagonal block (the rank's own keys, same global offset as
@@ -107,13 +85,8 @@ torch::Tensor FlatRows(const torch::Tensor& x5, int64_t start, int64_t len, cons
 // that are computed at all lie wholly before the queries.
 torch::Tensor BlockScores(const torch::Tensor& qb, const torch::Tensor& kb, int64_t qs, int64_t len,
                           int64_t ks, int64_t lk, bool diagonal, double scale, const Dims& dims) {
-  torch::Tensor s = torch::matmul(qb, kb.transpose(-1, -2)).mul_(scale);
-  if (diagonal && ks + lk - 1 > qs) {
-    s.view({dims.batch, dims.kv_heads, dims.group, len, lk})
-        .masked_fill_(CausalHidden(qs, len, ks, lk, s.device()),
-                      -std::numeric_limits<double>::infinity());
-  }
-  return s;
+  if (diagonal) return CausalBlockScores(qb, kb, qs, len, ks, lk, scale, dims);
+  return torch::matmul(qb, kb.transpose(-1, -2)).mul_(scale);
 }
 
 // Keys of the block visible to query chunk [qs, qs + len): all of them off
@@ -206,8 +179,8 @@ class RingCausalAttentionFunction final
                                const torch::Tensor& v, CommGroup* group, double scale,
                                int64_t block, int64_t tag_base) {
     const int rank = group->getRank();
-    const Dims dims = DimsOf(q, k);
-    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const Dims dims = GroupedDimsOf(q, k);
+    const torch::ScalarType ct = AttentionComputeType(q.scalar_type());
     torch::Tensor out5 = torch::zeros({dims.batch, dims.kv_heads, dims.group, dims.t, dims.d},
                                       q.options().dtype(ct));
     torch::Tensor lse4 = torch::full({dims.batch, dims.kv_heads, dims.group, dims.t},
@@ -245,8 +218,8 @@ class RingCausalAttentionFunction final
     const int64_t block = ctx->saved_data["block"].toInt();
     const int64_t tag_base = ctx->saved_data["tag_base"].toInt();
     const int rank = group.getRank();
-    const Dims dims = DimsOf(q, k);
-    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const Dims dims = GroupedDimsOf(q, k);
+    const torch::ScalarType ct = AttentionComputeType(q.scalar_type());
     const torch::Tensor none;
     if (dims.t == 0) {
       return {
@@ -358,7 +331,7 @@ class DiagonalMergeFunction final : public torch::autograd::Function<DiagonalMer
                       const torch::Tensor& vd, double scale) {
     const int64_t b = q.size(0), hq = q.size(1), hkv = kd.size(2), t = q.size(2), d = q.size(3);
     const int64_t g = hq / hkv;
-    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const torch::ScalarType ct = AttentionComputeType(q.scalar_type());
     Parts p;
     p.q5 = q.to(ct).reshape({b, hkv, g, t, d});
     p.out5 = ring_out.to(ct).reshape({b, hkv, g, t, d});

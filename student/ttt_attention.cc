@@ -3,54 +3,19 @@
 #include <algorithm>
 #include <limits>
 
+#include "student/blockwise_attention.h"
+
 namespace specstream::student {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Layout used throughout: q is viewed as [B, Hkv, G, T, D] (G = Hq / Hkv, the
-// HF repeat_kv grouping), and a query block [qs, qs + L) is flattened to
-// [B, Hkv, G·L, D] so that one batched matmul against a key block
-// [B, Hkv, Lk, D] serves every query head of a kv head: no repeated K/V, and
-// the Pᵀ·dO / dSᵀ·Q products sum the group's gradients for free.
-struct Dims {
-  int64_t batch, q_heads, kv_heads, group, t, d, steps;
+// The grouped-query layout of student/blockwise_attention.h, and the number
+// of diagonal steps (kd's first dimension; 0 without them).
+struct Dims : GroupedDims {
+  int64_t steps;
 };
-
-// Scores, softmax statistics (including the saved per-row logsumexp) and
-// accumulators: fp32 for fp32/bf16 inputs, float64 for float64 inputs (so
-// finite differences can check the backward).
-torch::ScalarType ComputeType(torch::ScalarType input) {
-  return input == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-}
-
-// The block holds a key later than the first query of the block.
-bool NeedsMask(int64_t q_begin, int64_t k_begin, int64_t k_len) {
-  return k_begin + k_len - 1 > q_begin;
-}
-
-// Query rows [start, start + len) of a [B, Hkv, G, T, D] tensor as
-// [B, Hkv, G·len, D] in the compute type (a contiguous copy of one block).
-torch::Tensor FlatBlock(const torch::Tensor& x5, int64_t start, int64_t len, const Dims& dims,
-                        torch::ScalarType type) {
-  return x5.narrow(3, start, len)
-      .to(type)
-      .reshape({dims.batch, dims.kv_heads, dims.group * len, dims.d});
-}
-
-// Scores of a flattened query block against causal key block [ks, ks + lk),
-// scaled and masked: [B, Hkv, G·L, Lk].
-torch::Tensor CausalScores(const torch::Tensor& qb, const torch::Tensor& kb, int64_t qs,
-                           int64_t len, int64_t ks, int64_t lk, double scale, const Dims& dims) {
-  torch::Tensor s = torch::matmul(qb, kb.transpose(-1, -2)).mul_(scale);
-  if (NeedsMask(qs, ks, lk)) {
-    s.view({dims.batch, dims.kv_heads, dims.group, len, lk})
-        .masked_fill_(CausalHidden(qs, len, ks, lk, s.device()),
-                      -std::numeric_limits<double>::infinity());
-  }
-  return s;
-}
 
 class TttAttentionFunction final : public torch::autograd::Function<TttAttentionFunction> {
  public:
@@ -64,7 +29,7 @@ class TttAttentionFunction final : public torch::autograd::Function<TttAttention
     const torch::Tensor kd = kd_opt.value_or(torch::Tensor());
     const torch::Tensor vd = vd_opt.value_or(torch::Tensor());
     const Dims dims = DimsOf(q, k0, kd);
-    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const torch::ScalarType ct = AttentionComputeType(q.scalar_type());
     const torch::Tensor q5 = q.reshape({dims.batch, dims.kv_heads, dims.group, dims.t, dims.d});
     torch::Tensor out = torch::empty_like(q, torch::MemoryFormat::Contiguous);
     torch::Tensor lse = torch::empty({dims.batch, dims.q_heads, dims.t}, q.options().dtype(ct));
@@ -74,7 +39,7 @@ class TttAttentionFunction final : public torch::autograd::Function<TttAttention
     for (int64_t qs = 0; qs < dims.t; qs += block) {
       const int64_t len = std::min(block, dims.t - qs);
       const int64_t rows = dims.group * len;
-      torch::Tensor qb = FlatBlock(q5, qs, len, dims, ct);
+      torch::Tensor qb = FlatRows(q5, qs, len, dims, ct);
       // Online softmax state per query row. Key 0 is visible to every row and
       // sits in the first key block, so `m` is finite after that block and
       // exp(m_old - m_new) never sees -inf - (-inf).
@@ -96,7 +61,7 @@ class TttAttentionFunction final : public torch::autograd::Function<TttAttention
         const int64_t lk = std::min(block, qs + len - ks);
         torch::Tensor kb = k0.narrow(2, ks, lk).to(ct);
         torch::Tensor vb = v0.narrow(2, ks, lk).to(ct);
-        torch::Tensor p = update(CausalScores(qb, kb, qs, len, ks, lk, scale, dims));
+        torch::Tensor p = update(CausalBlockScores(qb, kb, qs, len, ks, lk, scale, dims));
         acc.add_(torch::matmul(p, vb));
       }
       if (dims.steps > 0) {
@@ -129,7 +94,7 @@ class TttAttentionFunction final : public torch::autograd::Function<TttAttention
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t block = ctx->saved_data["block"].toInt();
     const Dims dims = DimsOf(q, k0, kd);
-    const torch::ScalarType ct = ComputeType(q.scalar_type());
+    const torch::ScalarType ct = AttentionComputeType(q.scalar_type());
     const bool need_q = ctx->needs_input_grad(0);
     const bool need_k0 = ctx->needs_input_grad(1);
     const bool need_v0 = ctx->needs_input_grad(2);
@@ -160,19 +125,19 @@ class TttAttentionFunction final : public torch::autograd::Function<TttAttention
     for (int64_t qs = 0; qs < dims.t; qs += block) {
       const int64_t len = std::min(block, dims.t - qs);
       const int64_t rows = dims.group * len;
-      torch::Tensor qb = FlatBlock(q5, qs, len, dims, ct);
-      torch::Tensor dob = FlatBlock(do5, qs, len, dims, ct);
+      torch::Tensor qb = FlatRows(q5, qs, len, dims, ct);
+      torch::Tensor dob = FlatRows(do5, qs, len, dims, ct);
       torch::Tensor lseb = lse4.narrow(3, qs, len).reshape({dims.batch, dims.kv_heads, rows, 1});
       // Δ = rowsum(dO ∘ O), the softmax-Jacobian correction.
       torch::Tensor delta;
-      if (need_ds) delta = (dob * FlatBlock(out5, qs, len, dims, ct)).sum(-1, /*keepdim=*/true);
+      if (need_ds) delta = (dob * FlatRows(out5, qs, len, dims, ct)).sum(-1, /*keepdim=*/true);
       torch::Tensor dqb;
       if (need_q) dqb = torch::zeros_like(qb);
 
       for (int64_t ks = 0; ks < qs + len; ks += block) {
         const int64_t lk = std::min(block, qs + len - ks);
         torch::Tensor kb = k0.narrow(2, ks, lk).to(ct);
-        torch::Tensor p = CausalScores(qb, kb, qs, len, ks, lk, scale, dims).sub_(lseb).exp_();
+        torch::Tensor p = CausalBlockScores(qb, kb, qs, len, ks, lk, scale, dims).sub_(lseb).exp_();
         if (need_v0) dv0.narrow(2, ks, lk).add_(torch::matmul(p.transpose(-1, -2), dob));
         if (!need_ds) continue;
         torch::Tensor vb = v0.narrow(2, ks, lk).to(ct);
@@ -216,27 +181,11 @@ class TttAttentionFunction final : public torch::autograd::Function<TttAttention
 
  private:
   static Dims DimsOf(const torch::Tensor& q, const torch::Tensor& k0, const torch::Tensor& kd) {
-    Dims dims{};
-    dims.batch = q.size(0);
-    dims.q_heads = q.size(1);
-    dims.kv_heads = k0.size(1);
-    dims.group = dims.q_heads / dims.kv_heads;
-    dims.t = q.size(2);
-    dims.d = q.size(3);
-    dims.steps = kd.defined() ? kd.size(0) : 0;
-    return dims;
+    return Dims{GroupedDimsOf(q, k0), kd.defined() ? kd.size(0) : 0};
   }
 };
 
 }  // namespace
-
-torch::Tensor CausalHidden(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len,
-                           torch::Device device) {
-  const auto options = torch::TensorOptions().dtype(torch::kInt64).device(device);
-  torch::Tensor rows = torch::arange(q_begin, q_begin + q_len, options).unsqueeze(1);
-  torch::Tensor cols = torch::arange(k_begin, k_begin + k_len, options).unsqueeze(0);
-  return cols > rows;
-}
 
 torch::Tensor TttAttention(const torch::Tensor& q, const torch::Tensor& k0, const torch::Tensor& v0,
                            const torch::Tensor& kd, const torch::Tensor& vd,

@@ -51,12 +51,6 @@ torch::Tensor TttAttention(const torch::Tensor& q, const torch::Tensor& k0, cons
                            const torch::Tensor& kd, const torch::Tensor& vd,
                            const TttAttentionOptions& options);
 
-// The causal mask of a block of scores: [q_len, k_len] bool on `device`,
-// true where key position k_begin + j lies after query position q_begin + i
-// (hidden). Shared with ring attention (context_parallel.cc).
-torch::Tensor CausalHidden(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len,
-                           torch::Device device);
-
 }  // namespace specstream::student
 
 #endif  // SPECSTREAM_STUDENT_TTT_ATTENTION_H_
