@@ -216,7 +216,7 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> Create(BlockDraftKind kind,
       new BlockPlugin(std::move(draft), c.target_dir, true, ctx.source_name));
 }
 
-absl::StatusOr<std::unique_ptr<TrainableDraft>> Restore(const RestoreInput& in) {
+absl::StatusOr<std::unique_ptr<TrainableDraft>> RestoreBlock(const RestoreInput& in) {
   BlockDraftOptions options;
   DraftShape shape;
   std::map<std::string, torch::Tensor> tensors;
@@ -275,7 +275,7 @@ DraftType BlockDraftType(BlockDraftKind kind) {
     return config.value("architectures", nlohmann::json::array()) ==
            nlohmann::json::array({architecture});
   };
-  type.restore = Restore;
+  type.restore = RestoreBlock;
   return type;
 }
 

@@ -167,7 +167,7 @@ absl::Status Configure(const v1::DraftSpec& draft, TrainerConfig* c) {
   return ValidateEagle3Options(c->eagle3);
 }
 
-absl::StatusOr<std::unique_ptr<TrainableDraft>> Create(const DraftContext& ctx) {
+absl::StatusOr<std::unique_ptr<TrainableDraft>> CreateEagle3(const DraftContext& ctx) {
   const TrainerConfig& c = ctx.config;
   const HfModelConfig& target = ctx.target;
   if (c.ttt_steps < 1) return absl::InvalidArgumentError("training.ttt_steps must be >= 1");
@@ -244,7 +244,7 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> BuildDraft(
   return draft;
 }
 
-absl::StatusOr<std::unique_ptr<TrainableDraft>> Restore(const RestoreInput& in) {
+absl::StatusOr<std::unique_ptr<TrainableDraft>> RestoreEagle3(const RestoreInput& in) {
   std::unique_ptr<Eagle3Draft> draft;
   std::vector<int> captures;
   int k = in.ttt_steps;
@@ -293,7 +293,7 @@ DraftType Eagle3DraftType() {
                            const HfModelConfig&) -> absl::StatusOr<std::vector<int>> {
     return std::vector<int>();  // the teachers' default: EAGLE-3's own
   };
-  type.create = Create;
+  type.create = CreateEagle3;
   type.holds_checkpoint = [](const nlohmann::json& state) {
     // Checkpoints from before draft_type was recorded: EAGLE-3 unless they
     // record a block draft.
@@ -303,7 +303,7 @@ DraftType Eagle3DraftType() {
     return config.value("architectures", nlohmann::json::array()) ==
            nlohmann::json::array({kEagle3Architecture});
   };
-  type.restore = Restore;
+  type.restore = RestoreEagle3;
   return type;
 }
 
