@@ -15,12 +15,30 @@ if [[ ! -f "$BUILD/compile_commands.json" ]]; then
   echo "thread_safety: no $BUILD/compile_commands.json; build first" >&2
   exit 2
 fi
-# Clang cannot read GCC's precompiled headers: a copy of the compile
-# database includes the header itself instead of CMake's PCH wrapper.
+# A copy of the compile database that clang-tidy can use:
+#  * clang cannot read GCC's precompiled headers, so each command includes
+#    the header itself instead of CMake's PCH wrapper;
+#  * a unity build (SPECSTREAM_UNITY_BUILD) compiles generated unity_N_cxx.cxx
+#    files that include a target's sources: each of those sources gets the
+#    unity file's command, so it is analysed alone with its target's flags.
 db=$(mktemp -d)
 trap 'rm -rf "$db"' EXIT
-sed -E 's#-include [^ ]*/cmake_pch\.hxx#-include '"$PWD"'/common/torch/torch_pch.h#g; s#-Winvalid-pch##g' \
-  "$BUILD/compile_commands.json" >"$db/compile_commands.json"
+python3 - "$BUILD/compile_commands.json" "$db/compile_commands.json" "$PWD" <<'PY'
+import json, re, sys
+src, dst, root = sys.argv[1:]
+pch = re.compile(r"-include \S*/cmake_pch\.hxx")
+out = []
+for entry in json.load(open(src)):
+    command = pch.sub(f"-include {root}/common/torch/torch_pch.h", entry["command"])
+    command = command.replace("-Winvalid-pch", "")
+    files = [entry["file"]]
+    if re.search(r"/unity_\d+_cxx\.cxx$", entry["file"]):
+        files = re.findall(r'^#include "([^"]+)"', open(entry["file"]).read(), re.M)
+    for f in files:
+        out.append({"directory": entry["directory"], "file": f,
+                    "command": command.replace(entry["file"], f)})
+json.dump(out, open(dst, "w"), indent=0)
+PY
 annotated='ABSL_GUARDED_BY|ABSL_PT_GUARDED_BY|ABSL_EXCLUSIVE_LOCKS_REQUIRED|ABSL_LOCKS_EXCLUDED'
 # Sources with annotations, and the sources beside headers with them.
 if (($# > 1)); then
