@@ -73,7 +73,7 @@ fi
 
 train() {
   # What an earlier run left is replaced.
-  rm -rf "$WORK/trained" "$WORK/target" "$WORK"/store-* "$WORK"/ckpt-* "$BUILD/quality_bench.md"
+  rm -rf "$WORK/trained" "$WORK/target" "$WORK"/store-* "$WORK"/ckpt-* "$WORK/table.md"
   "$BIN/specstream-teacher" import-gguf --gguf "$GGUF" --out "$WORK/target" >/dev/null
   # The committed answers are the target's own (specstream-eval generate):
   # regenerating two held-out ones must give them back token for token.
@@ -190,7 +190,7 @@ decode() {
     "${untrained_drafts[@]}" --json "$WORK/untrained.json" 2>>"$WORK/speculate.log"
   stamp "untrained drafts decoded"
 
-  python3 - "$WORK" "$MARGIN" "$BUILD/quality_bench.md" "$KINDS" <<'PY'
+  python3 - "$WORK" "$MARGIN" "$WORK/table.md" "$KINDS" <<'PY'
 import json, os, sys
 work, margin, table_path, kinds = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4].split()
 table = []
