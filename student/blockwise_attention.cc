@@ -19,6 +19,11 @@ torch::Tensor FlatRows(const torch::Tensor& x5, int64_t start, int64_t len,
       .reshape({dims.batch, dims.kv_heads, dims.group * len, dims.d});
 }
 
+torch::Tensor FlatRowStats(const torch::Tensor& x4, int64_t start, int64_t len,
+                           const GroupedDims& dims) {
+  return x4.narrow(3, start, len).reshape({dims.batch, dims.kv_heads, dims.group * len, 1});
+}
+
 torch::Tensor CausalHidden(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len,
                            torch::Device device) {
   const auto options = torch::TensorOptions().dtype(torch::kInt64).device(device);

@@ -32,6 +32,12 @@ torch::ScalarType AttentionComputeType(torch::ScalarType input);
 torch::Tensor FlatRows(const torch::Tensor& x5, int64_t start, int64_t len,
                        const GroupedDims& dims, torch::ScalarType type);
 
+// Rows [start, start + len) of a per-row statistic [B, Hkv, G, T] (the
+// softmax's lse, the backward's correction) as [B, Hkv, G·len, 1], the
+// column beside FlatRows's block of the same rows.
+torch::Tensor FlatRowStats(const torch::Tensor& x4, int64_t start, int64_t len,
+                           const GroupedDims& dims);
+
 // The causal mask of a block of scores: [q_len, k_len] bool on `device`,
 // true where key position k_begin + j lies after query position q_begin + i
 // (hidden).

@@ -147,11 +147,10 @@ void BlockBackward(const torch::Tensor& q5, const torch::Tensor& do5, const torc
                    torch::Tensor& dq5, torch::Tensor& dkv) {
   for (int64_t qs = 0; qs < dims.t; qs += block) {
     const int64_t len = std::min(block, dims.t - qs);
-    const int64_t rows = dims.group * len;
     torch::Tensor qb = FlatRows(q5, qs, len, dims, ct);
     torch::Tensor dob = FlatRows(do5, qs, len, dims, ct);
-    torch::Tensor lseb = lse4.narrow(3, qs, len).reshape({dims.batch, dims.kv_heads, rows, 1});
-    torch::Tensor deltab = delta4.narrow(3, qs, len).reshape({dims.batch, dims.kv_heads, rows, 1});
+    torch::Tensor lseb = FlatRowStats(lse4, qs, len, dims);
+    torch::Tensor deltab = FlatRowStats(delta4, qs, len, dims);
     torch::Tensor dqb = torch::zeros_like(qb);
     const int64_t keys = VisibleKeys(qs, len, dims.t, diagonal);
     for (int64_t ks = 0; ks < keys; ks += block) {

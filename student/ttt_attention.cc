@@ -124,10 +124,9 @@ class TttAttentionFunction final : public torch::autograd::Function<TttAttention
 
     for (int64_t qs = 0; qs < dims.t; qs += block) {
       const int64_t len = std::min(block, dims.t - qs);
-      const int64_t rows = dims.group * len;
       torch::Tensor qb = FlatRows(q5, qs, len, dims, ct);
       torch::Tensor dob = FlatRows(do5, qs, len, dims, ct);
-      torch::Tensor lseb = lse4.narrow(3, qs, len).reshape({dims.batch, dims.kv_heads, rows, 1});
+      torch::Tensor lseb = FlatRowStats(lse4, qs, len, dims);
       // Δ = rowsum(dO ∘ O), the softmax-Jacobian correction.
       torch::Tensor delta;
       if (need_ds) delta = (dob * FlatRows(out5, qs, len, dims, ct)).sum(-1, /*keepdim=*/true);
