@@ -14,7 +14,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/file.h"
 #include "common/logging.h"
@@ -155,8 +154,8 @@ absl::Status CheckTensor(const Expected& e, const torch::Tensor& t) {
   if (!t.defined()) return TensorError(e.name, "undefined");
   std::vector<int64_t> shape = ShapeOf(t);
   if (shape != e.shape) {
-    return TensorError(e.name,
-                       absl::StrCat("shape ", ShapeString(shape), ", expected ", ShapeString(e.shape)));
+    return TensorError(
+        e.name, absl::StrCat("shape ", ShapeString(shape), ", expected ", ShapeString(e.shape)));
   }
   const auto type = t.scalar_type();
   switch (e.kind) {
