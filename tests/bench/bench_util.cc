@@ -1,5 +1,6 @@
 #include "tests/bench/bench_util.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -125,6 +126,12 @@ std::string SelfExe() {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   return std::string(self, n > 0 ? n : 0);
+}
+
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 bool WriteSyntheticStore(const std::string& path, const SyntheticStore& shape, int64_t length) {

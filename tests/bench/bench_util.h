@@ -28,6 +28,12 @@ void ResetTensorBytesPeak();
 // The running executable's path.
 std::string SelfExe();
 
+// CPU seconds this process has run, over all its threads
+// (CLOCK_PROCESS_CPUTIME_ID). A benchmark that shares the cores with other
+// tests compares work per CPU-second: wall time counts the seconds another
+// process held the core, CPU time does not.
+double ProcessCpuSeconds();
+
 // Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16 in
 // /proc/cpuinfo). Without it oneDNN emulates bf16 and is several times
 // slower than fp32, so the benchmarks train in fp32 there ("bf16 compute is
