@@ -9,8 +9,8 @@
 #     a GPU machine runs (docs/gpu.md);
 #   * builds and runs the suites labelled `versions` (target versions_suite):
 #     the tests of the code that differs between LibTorch versions (c10d
-#     Backend vs ProcessGroup, DDP, CP, TP and EP, devices, checkpoints,
-#     exports, the kernels' numerics, the runtimes against HF and the
+#     Backend vs ProcessGroup, DDP, CP, TP and EP, devices, checkpoints'
+#     generator state, the kernels' numerics, the runtimes against HF and the
 #     daemons end to end). Without a GPU the CUDA LibTorch computes on the
 #     CPU, so they run as they do on 1.13.
 # Everything else is the same source on either version and runs once, on
@@ -18,6 +18,8 @@
 # sets TORCH2_ALL=1.
 #
 #   tests/torch2.sh                    the versions suites and the CUDA targets
+#   tests/torch2.sh --install          only install the pip torch (tests/run.sh
+#                                      does it while it builds)
 #   TORCH2_ALL=1 tests/torch2.sh       every unit and integration suite
 #   TORCH2_VERSION=2.13.0 TORCH2_KIND=cpu TORCH2_VENV=/tmp/torch213 tests/torch2.sh
 #                                      another pip torch (a CPU one: no CUDA targets)
@@ -33,6 +35,7 @@ KIND=${TORCH2_KIND:-cuda}
 start=$(date +%s)
 
 tests/testing/pip_torch.sh "$VENV" "$VERSION" "$KIND"
+[[ "${1:-}" != "--install" ]] || exit 0
 prefix=$("$VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 cuda=$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)
 echo "torch2.sh: LibTorch $VERSION (CUDA ${cuda:-none}) at $prefix"
