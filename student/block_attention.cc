@@ -83,16 +83,15 @@ struct KeySpan {
 
 // The keys of `span` below each chunk's largest limit, merged into the
 // chunks' running softmax in key blocks of `key_block`.
-void ContextForward(const torch::Tensor& q6, const KeySpan& span, const std::vector<Chunk>& chunks,
+// `q5` is the queries as [B, Hkv, G, T, D].
+void ContextForward(const torch::Tensor& q5, const KeySpan& span, const std::vector<Chunk>& chunks,
                     const torch::Tensor& limit_dev, double scale, int64_t key_block,
                     const Dims& dims, torch::ScalarType ct, std::vector<ChunkState>& states) {
   for (size_t ci = 0; ci < chunks.size(); ++ci) {
     const Chunk& c = chunks[ci];
     const int64_t end = std::min(span.offset + span.length, c.max_limit);
     if (end <= span.offset) continue;
-    const int64_t rows = dims.group * c.nc * dims.bs;
-    torch::Tensor qf =
-        q6.narrow(3, c.j0, c.nc).to(ct).reshape({dims.batch, dims.kv_heads, rows, dims.d});
+    torch::Tensor qf = FlatRows(q5, c.j0 * dims.bs, c.nc * dims.bs, dims, ct);
     const torch::Tensor chunk_limit = limit_dev.narrow(1, c.j0, c.nc);
     ChunkState& st = states[ci];
     for (int64_t ks = span.offset; ks < end; ks += key_block) {
@@ -211,6 +210,7 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     const torch::ScalarType ct = AttentionComputeType(q.scalar_type());
     const std::vector<int64_t> q6_shape = {dims.batch,  dims.kv_heads, dims.group,
                                            dims.blocks, dims.bs,       dims.d};
+    const std::vector<int64_t> q5_shape = {dims.batch, dims.kv_heads, dims.group, dims.t, dims.d};
     const torch::Tensor q6 = q.reshape(q6_shape);
     const torch::Tensor kb5 = kb.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
     const torch::Tensor vb5 = vb.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
@@ -253,7 +253,7 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
       const torch::Tensor limit_cpu = limit_at.cpu();
       const std::vector<Chunk> at = s == 0 ? chunks : Chunks(dims, limit_cpu, query_rows);
       std::vector<ChunkState> states = states_of(packed, at);
-      ContextForward(q_at.reshape(q6_shape), KeySpan{kc, vc, rank * dims.context, dims.context}, at,
+      ContextForward(q_at.reshape(q5_shape), KeySpan{kc, vc, rank * dims.context, dims.context}, at,
                      limit_at, scale, key_block, dims, ct, states);
       if (cp == 1) break;
       const int64_t tag = tag_base + 3 * s;
@@ -311,10 +311,12 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
                                            dims.blocks, dims.bs,       dims.d};
     const std::vector<int64_t> row_shape = {dims.batch, dims.kv_heads, dims.group, dims.blocks,
                                             dims.bs};
+    const std::vector<int64_t> q5_shape = {dims.batch, dims.kv_heads, dims.group, dims.t, dims.d};
+    const std::vector<int64_t> row4_shape = {dims.batch, dims.kv_heads, dims.group, dims.t};
     auto as5 = [&](const torch::Tensor& x) {
       return x.reshape({dims.batch, dims.kv_heads, dims.blocks, dims.bs, dims.d});
     };
-    const torch::Tensor q6 = q.reshape(q6_shape), out6 = out.reshape(q6_shape);
+    const torch::Tensor out6 = out.reshape(q6_shape);
     const torch::Tensor do6 = grad_outputs[0].reshape(q6_shape);
     const torch::Tensor kb5 = as5(kb), vb5 = as5(vb);
     const torch::Tensor lse5 = lse.view(row_shape);
@@ -331,18 +333,15 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     // What a pass reads for the blocks of q_at/do_at/rows_at.
     auto grads_of = [&](const torch::Tensor& q_at, const torch::Tensor& do_at,
                         const torch::Tensor& rows, const std::vector<Chunk>& at) {
-      const torch::Tensor qa = q_at.reshape(q6_shape), da = do_at.reshape(q6_shape);
+      const torch::Tensor qa = q_at.reshape(q5_shape), da = do_at.reshape(q5_shape);
+      const torch::Tensor lse_a = rows[0].reshape(row4_shape), delta_a = rows[1].reshape(row4_shape);
       std::vector<std::vector<torch::Tensor>> dq = Unpack(dq_packed, at, dims, widths);
       std::vector<ChunkGrad> grads;
       for (size_t ci = 0; ci < at.size(); ++ci) {
-        const Chunk& c = at[ci];
-        const int64_t n = dims.group * c.nc * dims.bs;
-        const std::vector<int64_t> flat = {dims.batch, dims.kv_heads, n, dims.d};
-        const std::vector<int64_t> col = {dims.batch, dims.kv_heads, n, 1};
-        grads.push_back({qa.narrow(3, c.j0, c.nc).to(ct).reshape(flat),
-                         da.narrow(3, c.j0, c.nc).to(ct).reshape(flat),
-                         rows[0].narrow(3, c.j0, c.nc).reshape(col),
-                         rows[1].narrow(3, c.j0, c.nc).reshape(col), dq[ci][0]});
+        const int64_t start = at[ci].j0 * dims.bs, len = at[ci].nc * dims.bs;
+        grads.push_back({FlatRows(qa, start, len, dims, ct), FlatRows(da, start, len, dims, ct),
+                         FlatRowStats(lse_a, start, len, dims),
+                         FlatRowStats(delta_a, start, len, dims), dq[ci][0]});
       }
       return grads;
     };
