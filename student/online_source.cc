@@ -71,6 +71,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     absl::Time next_try;
     absl::Duration backoff;
     int attempts = 0;  // since lost_since
+    absl::Status last_error;  // the last attempt's, named when it is given up
   };
 
   explicit Impl(OnlineSourceOptions options) : options_(std::move(options)) {}
@@ -394,6 +395,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       teacher.lost_since = now;
       teacher.backoff = options_.reconnect_backoff;
       teacher.attempts = 0;
+      teacher.last_error = absl::OkStatus();
     }
     const absl::Duration left = teacher.lost_since + options_.teacher_grace - now;
     if (left <= absl::ZeroDuration()) {
@@ -500,7 +502,9 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
           GiveUp(address,
                  absl::UnavailableError(absl::StrCat(
                      "not back within data.teacher_grace_s = ", Seconds(options_.teacher_grace),
-                     " s (", teacher.attempts, " attempts)")),
+                     " s (", teacher.attempts, " attempts",
+                     teacher.last_error.ok() ? "" : "; the last: ",
+                     teacher.last_error.ok() ? "" : teacher.last_error.ToString(), ")")),
                  GoneError());
           continue;
         }
@@ -532,14 +536,19 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       }
       if (!stream.ok()) {
         const absl::StatusCode code = stream.status().code();
+        // UNAUTHENTICATED too is waited out: this teacher took the job's
+        // token before, so it restarted, and a teacher under a coordinator
+        // learns a running job's token only from the heartbeat after it
+        // registers again. A token it never takes again ends with the grace.
         if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded &&
             code != absl::StatusCode::kResourceExhausted && code != absl::StatusCode::kAborted &&
-            code != absl::StatusCode::kUnknown) {
+            code != absl::StatusCode::kUnknown && code != absl::StatusCode::kUnauthenticated) {
           // Another model or a transport the pair cannot use
-          // (FAILED_PRECONDITION), a refused token: no retry changes that.
+          // (FAILED_PRECONDITION): no retry changes that.
           GiveUp(due, stream.status(), stream.status());
           continue;
         }
+        again.last_error = stream.status();
         const absl::Time failed = absl::Now();
         again.backoff = std::min(again.backoff * 2, options_.reconnect_max_backoff);
         again.next_try = failed + Jittered(again.backoff);

@@ -22,7 +22,11 @@
 // rolling restart, a crash) is reconnected to at the same address —
 // Describe, which must show the same model, then a new stream — with
 // capped exponential backoff and jitter, for `teacher_grace` from the
-// moment it was lost (each teacher has its own grace). Meanwhile its lost
+// moment it was lost (each teacher has its own grace). A refused token
+// (UNAUTHENTICATED) is retried like a teacher that is down: a teacher under a
+// coordinator that restarted learns the job's token only from its next
+// heartbeat. Another model or an unusable transport (FAILED_PRECONDITION)
+// gives the teacher up at once. Meanwhile its lost
 // samples go to the other live teachers; when none is live they wait
 // (parked, in request order) and are requested again, once each, from the
 // first teacher back. Only when no teacher is live and no lost one is still

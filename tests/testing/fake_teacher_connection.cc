@@ -23,6 +23,7 @@ struct FakeTeacherConnector::Teacher {
   std::unique_ptr<FakeTargetRuntime> runtime;
   bool down = false;
   bool killed = false;
+  int refuse_tokens = 0;  // Describe calls still to refuse UNAUTHENTICATED
   int64_t hidden_delta = 0;
   // Open.capture_layer_ids: predates them (Describe says so, and they are
   // ignored), or ignores them although Describe says it honours them.
@@ -243,6 +244,10 @@ absl::StatusOr<v1::DescribeResponse> FakeTeacherConnector::Describe(const std::s
   if (teacher.down || teacher.killed) {
     return absl::UnavailableError(absl::StrCat(address, ": teacher is down"));
   }
+  if (teacher.refuse_tokens > 0) {
+    --teacher.refuse_tokens;
+    return absl::UnauthenticatedError(absl::StrCat(address, ": no running job has this token"));
+  }
   const teacher::ModelDescription& model = teacher.runtime->Describe();
   v1::DescribeResponse response;
   response.set_model_type(model.model_type);
@@ -279,6 +284,12 @@ void FakeTeacherConnector::SetDown(const std::string& address) {
   Teacher& teacher = TeacherAt(address);
   absl::MutexLock lock(&mu_);
   teacher.down = true;
+}
+
+void FakeTeacherConnector::RefuseTokens(const std::string& address, int n) {
+  Teacher& teacher = TeacherAt(address);
+  absl::MutexLock lock(&mu_);
+  teacher.refuse_tokens = n;
 }
 
 void FakeTeacherConnector::ServeAnotherModel(const std::string& address) {

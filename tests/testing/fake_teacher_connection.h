@@ -68,6 +68,10 @@ class FakeTeacherConnector final : public student::TeacherConnector {
   // A killed or down teacher serves again (a restart on the same address):
   // Describe answers and new streams work.
   void Restart(const std::string& address);
+  // The next `n` Describe calls of `address` are refused UNAUTHENTICATED (a
+  // restarted teacher daemon that has not yet heard the job's token from
+  // the coordinator).
+  void RefuseTokens(const std::string& address, int n);
   // The next request `address` answers fails with `status` (a SampleError).
   void FailNext(const std::string& address, absl::Status status);
   // The next payload of `address` has one byte flipped after its checksum.

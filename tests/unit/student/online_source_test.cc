@@ -274,6 +274,27 @@ TEST_F(TeacherGraceTest, PastTheGraceTheSampleFailsNamingTheGrace) {
   EXPECT_EQ((*source)->reconnects(), 0);
 }
 
+// P24 item 1: a teacher daemon restarted under a coordinator refuses the
+// job's token until its first heartbeat there: the student waits that out
+// as it waits out a teacher that is down, within the grace.
+TEST_F(TeacherGraceTest, ARestartedTeacherRefusingTheTokenForAWhileIsWaitedFor) {
+  auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
+  auto source = OnlineSource::Open(GraceOptions(connector, absl::Seconds(30)));
+  ASSERT_TRUE(source.ok()) << source.status();
+  connector->Kill("a");
+  ASSERT_TRUE(connector->AwaitDescribes("a", 2, absl::Seconds(30)));  // lost, being retried
+  const int64_t before = connector->describes("a");
+  connector->RefuseTokens("a", 3);
+  connector->Restart("a");
+  for (int i = 0; i < kSamples; ++i) {
+    auto sample = (*source)->Get(i);
+    ASSERT_TRUE(sample.ok()) << "sample " << i << ": " << sample.status();
+    ASSERT_TRUE((*source)->Commit(i + 1, {i}).ok());
+  }
+  EXPECT_EQ((*source)->reconnects(), 1);
+  EXPECT_GE(connector->describes("a") - before, 4);  // three refused, then admitted
+}
+
 TEST_F(TeacherGraceTest, ATeacherBackWithAnotherModelIsRefused) {
   auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
   auto source = OnlineSource::Open(GraceOptions(connector, absl::Seconds(30)));
