@@ -1,9 +1,11 @@
 // Per-peer limits on work that has not been authenticated yet, so that one
 // client cannot turn refusals into a denial of service: after
-// `max_failures` refusals within `window` the peer is refused at once,
-// before any check runs, until the oldest of those refusals leaves the
-// window; and at most `max_pending` attempts per peer may wait for a
-// verdict that is not immediate. The limiter's own refusals are not
+// `max_failures` refusals within `window` the peer is past its limit
+// (Admit) until the oldest of those refusals leaves the window; and at most
+// `max_pending` attempts per peer may wait for a verdict that is not
+// immediate. The caller picks what a peer past its limit loses: the
+// coordinator answers its refused calls RESOURCE_EXHAUSTED and still serves
+// its authenticated ones (a shared address holds good clients too). The limiter's own refusals are not
 // counted as failures. Peers are keyed by host (the port of a gRPC peer
 // string dropped), so reconnecting does not reset a peer's count.
 //

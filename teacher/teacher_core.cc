@@ -193,9 +193,12 @@ void TeacherCore::Admit(const std::string& bearer_token, const std::string& peer
   }
   if (!options_.authorize) return done(absl::OkStatus());
   std::string host = PeerLimiter::PeerHost(peer);
-  if (absl::Status allowed = peer_limiter_.Admit(host, absl::Now()); !allowed.ok()) {
-    return done(allowed);
-  }
+  // Only refusals are limited, never a right token: a NAT or a node shares
+  // its address among clients, and one client's wrong tokens must not lock
+  // the others out. A peer past its limit of refusals still gets a token
+  // the teacher knows at once; anything else it presents is refused
+  // RESOURCE_EXHAUSTED at once and never waits.
+  absl::Status over_limit = peer_limiter_.Admit(host, absl::Now());
   // The verdict may come at once (a known token) or later (a token the
   // teacher has not heard of yet). Only a later one counts against the
   // peer's limit of pending calls; a peer over it is refused at once and
@@ -215,14 +218,20 @@ void TeacherCore::Admit(const std::string& bearer_token, const std::string& peer
       pending = decision->pending;
     }
     if (pending) peer_limiter_.RemovePending(host);
-    peer_limiter_.Record(host, verdict.ok(), absl::Now());
+    if (!verdict.ok()) {
+      const absl::Time now = absl::Now();
+      // Past the limit, the limiter's answer (not counted) instead.
+      if (absl::Status allowed = peer_limiter_.Admit(host, now); !allowed.ok()) {
+        return done(std::move(allowed));
+      }
+      peer_limiter_.Record(host, false, now);
+    }
     done(std::move(verdict));
   });
-  absl::Status over_limit;
   {
     absl::MutexLock lock(&decision->mu);
     if (decision->decided) return;
-    over_limit = peer_limiter_.AddPending(host);
+    if (over_limit.ok()) over_limit = peer_limiter_.AddPending(host);
     if (over_limit.ok()) {
       decision->pending = true;
       return;

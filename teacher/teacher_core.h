@@ -126,9 +126,10 @@ class TeacherCore final {
   std::shared_ptr<StreamSession> NewSession(StreamCall* call, std::string peer);
   // Whether a new call (a stream, or Describe) from `peer` (a gRPC peer
   // string) with this bearer token may proceed; `done` gets the verdict once,
-  // maybe before Admit returns: UNAVAILABLE while draining,
-  // RESOURCE_EXHAUSTED when the peer is over its limits, else
-  // options.authorize's verdict. Never blocks.
+  // maybe before Admit returns: UNAVAILABLE while draining, else
+  // options.authorize's verdict, except RESOURCE_EXHAUSTED in place of a
+  // refusal or a wait when the peer is over its limits (a token the
+  // teacher knows is admitted whatever the peer's count). Never blocks.
   void Admit(const std::string& bearer_token, const std::string& peer,
              std::function<void(absl::Status)> done);
   // The session's call is done (after its OnDone); it leaves the registry.

@@ -2,7 +2,6 @@
 
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace specstream {
@@ -11,7 +10,6 @@ void EnableServerDefaults() {
   static absl::once_flag once;
   absl::call_once(once, [] {
     grpc::EnableDefaultHealthCheckService(true);
-    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   });
 }
 

@@ -1,7 +1,9 @@
 // What every SpecStream gRPC server shares: the standard health service
-// (grpc.health.v1.Health) and server reflection, switched on once per
+// (grpc.health.v1.Health, open to all, for probes), switched on once per
 // process before the first ServerBuilder exists, the listening address form,
-// and the health status of a started server. Thread-safe.
+// and the health status of a started server. Server reflection is each
+// server's own ReflectionService (common/grpc/reflection.h), behind its
+// token. Thread-safe.
 #ifndef SPECSTREAM_COMMON_GRPC_SERVER_DEFAULTS_H_
 #define SPECSTREAM_COMMON_GRPC_SERVER_DEFAULTS_H_
 
@@ -13,7 +15,7 @@
 
 namespace specstream {
 
-// Health and reflection for every server built after it; idempotent.
+// Health for every server built after it; idempotent.
 void EnableServerDefaults();
 
 // "host:port" a server listens on or a client dials, IPv6 hosts in brackets

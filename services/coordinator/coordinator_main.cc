@@ -6,8 +6,8 @@
 //       [--metrics-port M] [--metrics-port-file F]
 //       [--heartbeat-ms MS] [--lost-after-s S]
 //
-// Serves JobService, RegistryService, the gRPC health service and reflection
-// until SIGTERM/SIGINT; jobs live in the SQLite file, so a restarted
+// Serves JobService, RegistryService, the gRPC health service and
+// reflection (with the user token) until SIGTERM/SIGINT; jobs live in the SQLite file, so a restarted
 // coordinator picks up where it left off.
 #include <fcntl.h>
 #include <signal.h>
@@ -26,6 +26,7 @@
 #include "common/exit_code.h"
 #include "common/file.h"
 #include "common/grpc/auth.h"
+#include "common/grpc/reflection.h"
 #include "common/grpc/server_defaults.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
@@ -122,6 +123,10 @@ absl::Status Run(const Flags& flags) {
 
   JobServiceImpl jobs(scheduler.get(), auth);
   RegistryServiceImpl registry(scheduler.get(), auth);
+  // Reflection answers users (grpcurl with the user token).
+  ReflectionService reflection(
+      {v1::JobService::service_full_name(), v1::RegistryService::service_full_name()},
+      [&jobs](grpc::ServerContext& context) { return jobs.Authenticate(context); });
   EnableServerDefaults();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -129,6 +134,7 @@ absl::Status Run(const Flags& flags) {
   builder.SetMaxReceiveMessageSize(64 << 20);  // heartbeats carry buffered log lines
   builder.RegisterService(&jobs);
   builder.RegisterService(&registry);
+  builder.RegisterService(&reflection);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", flags.host, ":", flags.port));

@@ -13,16 +13,22 @@
 namespace specstream::services {
 namespace {
 
-// Runs `check` (which returns OK or the refusal) under `limiter`'s per-peer
-// limits.
+// Runs `check` (a credential comparison in constant time: cheap, and never
+// waiting) and limits its refusals alone: a call with the right credential
+// is served whatever its peer's count, since a NAT or a node shares one
+// address among clients and one client's wrong tokens must not lock the
+// others out. A refused call counts against its peer, and past the limit is
+// answered RESOURCE_EXHAUSTED (saying when to retry) instead.
 template <typename Check>
 grpc::Status Limited(PeerLimiter& limiter, const grpc::ServerContext& context, Check check) {
+  grpc::Status verdict = check();
+  if (verdict.ok()) return verdict;
   const std::string host = PeerLimiter::PeerHost(context.peer());
-  if (absl::Status allowed = limiter.Admit(host, absl::Now()); !allowed.ok()) {
+  const absl::Time now = absl::Now();
+  if (absl::Status allowed = limiter.Admit(host, now); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  grpc::Status verdict = check();
-  limiter.Record(host, verdict.ok(), absl::Now());
+  limiter.Record(host, false, now);
   return verdict;
 }
 

@@ -7,8 +7,9 @@
 // Roles: users hold the user token (JobService, ListDaemons); daemons hold
 // a daemon credential (Register, Heartbeat), bound to the daemon's name
 // unless it is a shared one. Neither can act as the other. Refusals are
-// counted per peer (common/peer_limiter.h): a peer past its limit is
-// refused before any check.
+// counted per peer (common/peer_limiter.h): past its limit a peer's refused
+// calls are answered RESOURCE_EXHAUSTED; a call with the right credential
+// is always served.
 #ifndef SPECSTREAM_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 #define SPECSTREAM_SERVICES_COORDINATOR_COORDINATOR_SERVICE_H_
 
@@ -80,9 +81,11 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status Watch(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                      grpc::ServerWriter<v1::JobEvent>* writer) override;
 
- private:
+  // A user's call (the user token, under the per-peer limits): what every
+  // JobService call checks, and server reflection too.
   grpc::Status Authenticate(const grpc::ServerContext& context);
 
+ private:
   Scheduler* scheduler_;
   const CoordinatorAuth auth_;
   std::shared_ptr<PeerLimiter> limiter_;

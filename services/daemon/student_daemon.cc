@@ -13,8 +13,10 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/file.h"
+#include "common/grpc/reflection.h"
 #include "common/grpc/server_defaults.h"
 #include "common/host.h"
 #include "common/logging.h"
@@ -30,7 +33,6 @@
 #include "common/net_address.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
-#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -132,10 +134,9 @@ struct StudentDaemon::Impl {
   v1::DaemonInfo info;
   std::string address;  // host:port
   int port = 0;
-  // Answers UNIMPLEMENTED for every method but health. gRPC refuses to start
-  // a server with no service of its own (the default health service is added
-  // only after that check), so this stands in for one. Outlives `server`.
-  grpc::CallbackGenericService unimplemented;
+  // The server's one service of its own beside health: reflection, with the
+  // daemon's token. Outlives `server`.
+  std::unique_ptr<ReflectionService> reflection;
   std::unique_ptr<grpc::Server> server;
   MetricsRegistry metrics;
   std::unique_ptr<MetricsHttpServer> metrics_server;
@@ -486,7 +487,11 @@ absl::StatusOr<std::unique_ptr<StudentDaemon>> StudentDaemon::Create(StudentDaem
   // daemon listens on no other interface.
   builder.AddListeningPort(ListenAddress(o.host, o.port), grpc::InsecureServerCredentials(),
                            &impl->port);
-  builder.RegisterCallbackGenericService(&impl->unimplemented);
+  impl->reflection = std::make_unique<ReflectionService>(
+      std::vector<std::string>{}, [token = o.token](grpc::ServerContext& context) {
+        return CheckBearer(context, token);
+      });
+  builder.RegisterService(impl->reflection.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(

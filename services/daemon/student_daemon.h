@@ -18,8 +18,9 @@
 // with master_port 0 the daemon picks a free port and reports it.
 //
 // Alongside: a gRPC server with the standard health service (its address is
-// the DaemonInfo.address the coordinator shows) and, optionally, Prometheus
-// metrics over HTTP (specstream_student_daemon_*).
+// the DaemonInfo.address the coordinator shows) and server reflection (with
+// the daemon's own token, as every other call of ours), and, optionally,
+// Prometheus metrics over HTTP (specstream_student_daemon_*).
 //
 // Threading: Run() is the daemon's main loop and the only thread that starts
 // children (their PR_SET_PDEATHSIG is tied to it); registration callbacks

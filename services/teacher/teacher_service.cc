@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc/auth.h"
 #include "common/grpc/byte_buffer.h"
 #include "common/grpc/channel_args.h"
@@ -131,6 +134,19 @@ absl::StatusOr<std::unique_ptr<TeacherServer>> TeacherServer::Start(teacher::Tar
   ASSIGN_OR_RETURN(server->core_, teacher::TeacherCore::Create(runtime, options.service));
   teacher::TeacherCore& core = *server->core_;
   server->service_ = std::make_unique<TeacherService>(core);
+  // Reflection asks what a stream does (TeacherCore::Admit: the token, the
+  // per-peer limits); a job token not yet heard of waits for its verdict.
+  server->reflection_ = std::make_unique<ReflectionService>(
+      std::vector<std::string>{kTeacherServiceName}, [&core](grpc::ServerContext& context) {
+        absl::Notification decided;
+        absl::Status verdict;
+        core.Admit(BearerToken(context).value_or(""), context.peer(), [&](absl::Status status) {
+          verdict = std::move(status);
+          decided.Notify();
+        });
+        decided.WaitForNotification();
+        return ToGrpcStatus(verdict);
+      });
 
   EnableServerDefaults();
   const std::string listen = ListenAddress(options.host, options.port);
@@ -138,6 +154,7 @@ absl::StatusOr<std::unique_ptr<TeacherServer>> TeacherServer::Start(teacher::Tar
   int port = 0;
   builder.AddListeningPort(listen, credentials, &port);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->reflection_.get());
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<uint64_t>(core.max_request_bytes(), INT_MAX)));
   builder.SetMaxSendMessageSize(

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc/auth.h"
+#include "common/grpc/reflection.h"
 #include "grpcpp/grpcpp.h"
 #include "specstream/v1/teacher.grpc.pb.h"
 #include "teacher/teacher_core.h"
@@ -65,7 +66,8 @@ teacher::TeacherServiceOptions::Authorizer TokenAuthorizer(std::string token);
 
 // A started gRPC server: TeacherService, the standard health service
 // (grpc.health.v1.Health; SERVING for "" and "specstream.v1.TeacherService"
-// once started) and server reflection, with explicit message size limits,
+// once started) and server reflection (common/grpc/reflection.h: with the
+// token the streams take), with explicit message size limits,
 // keepalive, and the channel arguments that bulk payloads need
 // (common/grpc/channel_args.h).
 class TeacherServer final {
@@ -92,6 +94,7 @@ class TeacherServer final {
   TeacherServer() = default;
   std::unique_ptr<teacher::TeacherCore> core_;
   std::unique_ptr<TeacherService> service_;
+  std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string address_;

@@ -21,6 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -159,13 +162,15 @@ class CoordinatorTest : public ::testing::Test {
     address_ = "127.0.0.1:" + std::to_string(coordinator_port_);
   }
 
-  void StartTeacher(const std::string& extra = "") {
+  // Returns the teacher's port (`port`, or the one it picked for 0).
+  int StartTeacher(const std::string& extra = "", int port = 0) {
+    std::filesystem::remove(dir_.Join("teacher.port"));
     Spawn("teacher", SPECSTREAM_TEACHER_PATH,
-          "serve --model " + dir_.Join("target") +
-              " --devices cpu --port 0 --keep-target-ids --port-file " + dir_.Join("teacher.port") +
-              " --coordinator " + address_ + " --token-file " + dir_.Join("daemon-token") + " " +
-              extra);
-    WaitForPort(dir_.Join("teacher.port"), "teacher");
+          "serve --model " + dir_.Join("target") + " --devices cpu --port " +
+              std::to_string(port) + " --keep-target-ids --port-file " +
+              dir_.Join("teacher.port") + " --coordinator " + address_ + " --token-file " +
+              dir_.Join("daemon-token") + " " + extra);
+    return WaitForPort(dir_.Join("teacher.port"), "teacher");
   }
 
   void StartStudent(const std::string& name, const std::string& extra = "") {
@@ -266,6 +271,25 @@ TEST_F(CoordinatorTest, JobEndToEndThroughTheCli) {
   EXPECT_EQ(HealthCheck(coordinator_port_), "SERVING");
   EXPECT_EQ(HealthCheck(std::stoi(testing::ReadFile(dir_.Join("teacher.port")))), "SERVING");
   EXPECT_EQ(HealthCheck(std::stoi(testing::ReadFile(dir_.Join("s0.port")))), "SERVING");
+  // P24 item 3: server reflection takes the token each daemon's other calls
+  // take (the user's at the coordinator, the daemon's own at a student
+  // daemon, a running job's at a teacher); without it, UNAUTHENTICATED.
+  auto target = [&](const std::string& port_file) {
+    return "127.0.0.1:" + std::to_string(std::stoi(testing::ReadFile(dir_.Join(port_file))));
+  };
+  for (const std::string port_file : {"coordinator.port", "s0.port", "teacher.port"}) {
+    for (const std::string token : {"", "wrong-token"}) {
+      auto refused = testing::ReflectionServices(target(port_file), token);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated)
+          << port_file << " " << token << ": " << refused.status();
+    }
+  }
+  auto coordinator_services = testing::ReflectionServices(target("coordinator.port"), kToken);
+  ASSERT_TRUE(coordinator_services.ok()) << coordinator_services.status();
+  EXPECT_THAT(*coordinator_services, ::testing::Contains("specstream.v1.JobService"));
+  auto student_services = testing::ReflectionServices(target("s0.port"), kDaemonToken);
+  ASSERT_TRUE(student_services.ok()) << student_services.status();
+  EXPECT_THAT(*student_services, ::testing::Contains("grpc.health.v1.Health"));
   // Each binds only its --host (127.0.0.1 here; the student daemon's is the
   // address toward the coordinator): another loopback address finds nothing.
   for (const std::string port_file : {"coordinator.port", "teacher.port", "s0.port"}) {
@@ -484,6 +508,60 @@ TEST_F(CoordinatorTest, StudentDaemonKilledMidJob) {
   for (const auto& rank : job["ranks"]) EXPECT_NE(rank["daemon_id"], victim);
   ASSERT_EQ(Cli("logs lost-1"), 0);
   EXPECT_NE(CliOut().find("resume: continuing from step"), std::string::npos) << CliOut();
+}
+
+// P24 item 1: the job's only teacher is killed (kill -9) mid-job and serves
+// again on its port a moment later. The student waits for it within
+// data.teacher_grace_s (the restarted teacher refuses the job's token until
+// the coordinator's heartbeat has told it, and that refusal too is waited
+// out), the job succeeds without a restart, and the ledger lists every
+// sample exactly once per epoch.
+TEST_F(CoordinatorTest, SoleTeacherKilledAndRestartedMidJobSucceeds) {
+  StartCoordinator();
+  const int teacher_port = StartTeacher();
+  StartStudent("s0");
+  const std::string ledger = dir_.Join("ledger-teacher");
+  // 32 samples, batch 2: 16 steps an epoch.
+  std::string spec = OnlineJob("teacher-restart", 1, 160, 1000);
+  spec.replace(spec.find("data:\n") + 6, 0, "  ledger_dir: " + ledger + "\n");
+  testing::WriteFile(dir_.Join("job.yaml"), spec);
+  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id tr-1"), 0) << CliErr();
+  ASSERT_TRUE(WaitFor(
+      "tr-1",
+      [](const nlohmann::json& job) {
+        return job["state"] == "JOB_STATE_RUNNING" && Step(job) >= 10 && Step(job) < 80;
+      },
+      120))
+      << Log("coordinator");
+  Kill("teacher", SIGKILL);
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_EQ(StartTeacher("", teacher_port), teacher_port) << Log("teacher");
+  ASSERT_EQ(Cli("wait tr-1 --timeout 300"), 0)
+      << CliErr() << Log("coordinator") << Log("teacher") << Log("s0");
+  nlohmann::json job = Status("tr-1");
+  EXPECT_EQ(job["state"], "JOB_STATE_SUCCEEDED") << job.dump();
+  EXPECT_EQ(job.value("attempt", 0), 0) << job.dump();  // waited for, not restarted
+  EXPECT_EQ(Step(job), 160);
+  ASSERT_EQ(Cli("logs tr-1"), 0);
+  EXPECT_NE(CliOut().find("is back"), std::string::npos) << CliOut();
+
+  // Every sample once per epoch: each run of 16 steps trains all 32.
+  std::map<int, std::map<int64_t, int>> by_epoch;  // epoch -> sample -> count
+  int steps = 0;
+  const std::string lines = testing::ReadFile(ledger + "/ledger-rank0.jsonl");
+  for (absl::string_view line : absl::StrSplit(lines, '\n', absl::SkipEmpty())) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    for (int64_t id : record["sample_ids"]) ++by_epoch[steps / 16][id];
+    ++steps;
+  }
+  EXPECT_EQ(steps, 160);
+  EXPECT_EQ(by_epoch.size(), 10u);
+  for (const auto& [epoch, counts] : by_epoch) {
+    EXPECT_EQ(counts.size(), 32u) << "epoch " << epoch;
+    for (const auto& [id, count] : counts) {
+      EXPECT_EQ(count, 1) << "epoch " << epoch << ", sample " << id;
+    }
+  }
 }
 
 // kill -9 the rank process itself (what the OOM killer does) while its

@@ -124,6 +124,15 @@ TEST_F(HostileClientTest, AStandaloneTokenGuardsStreamsAndDescribe) {
   }
   EXPECT_EQ(OpenStream(kToken).code, grpc::StatusCode::OK);
   ExpectResponsive(kToken);
+  // P24 item 3: server reflection takes the same token.
+  for (const std::string token : {"", "wrong-token"}) {
+    auto refused = testing::ReflectionServices(server_->address(), token);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << token;
+  }
+  auto services = testing::ReflectionServices(server_->address(), kToken);
+  ASSERT_TRUE(services.ok()) << services.status();
+  EXPECT_NE(std::find(services->begin(), services->end(), services::kTeacherServiceName),
+            services->end());
 }
 
 // P13 item 4: 64 streams with tokens of no running job wait for a
@@ -166,17 +175,22 @@ TEST_F(HostileClientTest, ABadTokenFloodStarvesNeitherDescribeNorHealth) {
   tokens.Close();
 }
 
-// P13 item 4: refusals are counted per peer; past 32 in the window the peer
-// is refused before any check, in microseconds, and the teacher stays
-// responsive to others (here the same host, once the window passes).
-TEST_F(HostileClientTest, RepeatedRefusalsAreRateLimitedPerPeer) {
+// P13 item 4 and P24 item 4: refusals are counted per peer; past 32 in the
+// window the peer's wrong tokens are refused RESOURCE_EXHAUSTED at once,
+// while the right token from the same address (a NAT, a node) is still
+// served, streams and Describe alike, and the health check answers.
+TEST_F(HostileClientTest, RepeatedRefusalsAreRateLimitedButTheRightTokenIsServed) {
   Start(services::TokenAuthorizer(kToken));
   for (int i = 0; i < 32; ++i) {
     EXPECT_EQ(Describe("wrong").code, grpc::StatusCode::UNAUTHENTICATED) << i;
   }
-  const CallResult limited = Describe(kToken);
+  const CallResult limited = Describe("wrong");
   EXPECT_EQ(limited.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << limited.message;
   EXPECT_NE(limited.message.find("refused attempts"), std::string::npos) << limited.message;
+  EXPECT_LT(limited.took, absl::Seconds(1));
+  EXPECT_EQ(OpenStream("wrong").code, grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Describe(kToken).code, grpc::StatusCode::OK);
+  EXPECT_EQ(OpenStream(kToken).code, grpc::StatusCode::OK);
   EXPECT_EQ(testing::HealthCheck(server_->address(), absl::Seconds(1)), "SERVING");
 }
 

@@ -4,6 +4,9 @@
 #include <mutex>
 #include <vector>
 
+#include "common/grpc/auth.h"
+#include "common/grpc/status.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
@@ -42,6 +45,32 @@ std::string HealthCheck(const std::string& target, absl::Duration timeout) {
   if (bytes == std::string("\x08\x01", 2)) return "SERVING";
   if (bytes == std::string("\x08\x02", 2)) return "NOT_SERVING";
   return "unknown";
+}
+
+absl::StatusOr<std::vector<std::string>> ReflectionServices(const std::string& target,
+                                                            const std::string& token) {
+  using grpc::reflection::v1alpha::ServerReflection;
+  using grpc::reflection::v1alpha::ServerReflectionRequest;
+  using grpc::reflection::v1alpha::ServerReflectionResponse;
+  auto stub =
+      ServerReflection::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  AddBearer(context, token);
+  auto stream = stub->ServerReflectionInfo(&context);
+  ServerReflectionRequest request;
+  request.set_list_services("");
+  stream->Write(request);
+  stream->WritesDone();
+  ServerReflectionResponse response;
+  std::vector<std::string> names;
+  while (stream->Read(&response)) {
+    for (const auto& service : response.list_services_response().service()) {
+      names.push_back(service.name());
+    }
+  }
+  if (grpc::Status status = stream->Finish(); !status.ok()) return FromGrpcStatus(status);
+  return names;
 }
 
 }  // namespace specstream::testing
