@@ -1,6 +1,7 @@
 #include "common/peer_limiter.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace specstream {
 
@@ -53,17 +54,14 @@ void PeerLimiter::RemovePending(const std::string& host) {
   if (it != peers_.end() && it->second.pending > 0) --it->second.pending;
 }
 
-void PeerLimiter::Record(const std::string& host, bool ok, absl::Time now) {
+absl::Status PeerLimiter::Refused(const std::string& host, absl::Time now) {
+  RETURN_IF_ERROR(Admit(host, now));
   absl::MutexLock lock(&mu_);
-  if (ok) {
-    auto it = peers_.find(host);
-    if (it != peers_.end()) ForgetIdleLocked(it, now);
-    return;
-  }
   auto it = peers_.try_emplace(host).first;
   it->second.failures.push_back(now);
   ExpireLocked(it->second, now);
   ForgetIdleLocked(it, now);
+  return absl::OkStatus();
 }
 
 void PeerLimiter::ForgetIdleLocked(absl::flat_hash_map<std::string, Peer>::iterator it,

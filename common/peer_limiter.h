@@ -3,9 +3,10 @@
 // `max_failures` refusals within `window` the peer is past its limit
 // (Admit) until the oldest of those refusals leaves the window; and at most
 // `max_pending` attempts per peer may wait for a verdict that is not
-// immediate. The caller picks what a peer past its limit loses: the
-// coordinator answers its refused calls RESOURCE_EXHAUSTED and still serves
-// its authenticated ones (a shared address holds good clients too). The limiter's own refusals are not
+// immediate. Only refusals are limited: a peer past its limit has its
+// refused attempts answered RESOURCE_EXHAUSTED (Refused) while its
+// authenticated ones are still served, since a shared address (a NAT, a
+// node) holds good clients too. The limiter's own refusals are not
 // counted as failures. Peers are keyed by host (the port of a gRPC peer
 // string dropped), so reconnecting does not reset a peer's count.
 //
@@ -46,8 +47,10 @@ class PeerLimiter final {
   // RemovePending), or RESOURCE_EXHAUSTED when `max_pending` already wait.
   absl::Status AddPending(const std::string& host);
   void RemovePending(const std::string& host);
-  // An attempt's verdict; `ok` false counts a refusal.
-  void Record(const std::string& host, bool ok, absl::Time now);
+  // An attempt of `host` was refused. OK: the refusal counts, answer it;
+  // or, when the peer is already past its limit, the RESOURCE_EXHAUSTED
+  // to answer instead (Admit's, not counted).
+  absl::Status Refused(const std::string& host, absl::Time now);
 
   // Peers tracked now (tests).
   size_t peers() const;

@@ -219,12 +219,8 @@ void TeacherCore::Admit(const std::string& bearer_token, const std::string& peer
     }
     if (pending) peer_limiter_.RemovePending(host);
     if (!verdict.ok()) {
-      const absl::Time now = absl::Now();
-      // Past the limit, the limiter's answer (not counted) instead.
-      if (absl::Status allowed = peer_limiter_.Admit(host, now); !allowed.ok()) {
-        return done(std::move(allowed));
-      }
-      peer_limiter_.Record(host, false, now);
+      absl::Status limited = peer_limiter_.Refused(host, absl::Now());
+      if (!limited.ok()) verdict = std::move(limited);
     }
     done(std::move(verdict));
   });

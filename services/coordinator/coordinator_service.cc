@@ -23,13 +23,8 @@ template <typename Check>
 grpc::Status Limited(PeerLimiter& limiter, const grpc::ServerContext& context, Check check) {
   grpc::Status verdict = check();
   if (verdict.ok()) return verdict;
-  const std::string host = PeerLimiter::PeerHost(context.peer());
-  const absl::Time now = absl::Now();
-  if (absl::Status allowed = limiter.Admit(host, now); !allowed.ok()) {
-    return ToGrpcStatus(allowed);
-  }
-  limiter.Record(host, false, now);
-  return verdict;
+  absl::Status limited = limiter.Refused(PeerLimiter::PeerHost(context.peer()), absl::Now());
+  return limited.ok() ? verdict : ToGrpcStatus(limited);
 }
 
 // A user's call: the user token, when there is one.
