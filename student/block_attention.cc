@@ -334,7 +334,8 @@ class BlockAttentionFunction final : public torch::autograd::Function<BlockAtten
     auto grads_of = [&](const torch::Tensor& q_at, const torch::Tensor& do_at,
                         const torch::Tensor& rows, const std::vector<Chunk>& at) {
       const torch::Tensor qa = q_at.reshape(q5_shape), da = do_at.reshape(q5_shape);
-      const torch::Tensor lse_a = rows[0].reshape(row4_shape), delta_a = rows[1].reshape(row4_shape);
+      const torch::Tensor lse_a = rows[0].reshape(row4_shape);
+      const torch::Tensor delta_a = rows[1].reshape(row4_shape);
       std::vector<std::vector<torch::Tensor>> dq = Unpack(dq_packed, at, dims, widths);
       std::vector<ChunkGrad> grads;
       for (size_t ci = 0; ci < at.size(); ++ci) {

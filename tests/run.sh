@@ -4,8 +4,9 @@
 # and the CUDA pip torch, runs every ctest test on Debian's LibTorch 1.13
 # (the benchmarks at their quick sizes) and the fuzzers; then the LibTorch
 # 2.x pass (tests/torch2.sh) on pip torch 2.14.1+cu130: it compiles and
-# links the CUDA code paths and runs the suites labelled `versions`. Exits non-zero on any failure, and prints a
-# table of its phases' seconds at the end.
+# links the CUDA code paths and runs the suites labelled `versions`. Exits
+# non-zero on any failure, and prints a table of its phases' seconds at the
+# end.
 #
 #   ./tests/run.sh                 CI's run
 #   FULL=1 ./tests/run.sh          everything: also the benchmarks' full tier

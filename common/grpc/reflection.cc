@@ -11,10 +11,10 @@
 namespace specstream {
 namespace {
 
-using grpc::reflection::v1alpha::ServerReflectionRequest;
-using grpc::reflection::v1alpha::ServerReflectionResponse;
 using google::protobuf::DescriptorPool;
 using google::protobuf::FileDescriptor;
+using grpc::reflection::v1alpha::ServerReflectionRequest;
+using grpc::reflection::v1alpha::ServerReflectionResponse;
 
 constexpr char kReflectionServiceName[] = "grpc.reflection.v1alpha.ServerReflection";
 constexpr char kHealthServiceName[] = "grpc.health.v1.Health";

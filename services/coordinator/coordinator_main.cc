@@ -7,8 +7,8 @@
 //       [--heartbeat-ms MS] [--lost-after-s S]
 //
 // Serves JobService, RegistryService, the gRPC health service and
-// reflection (with the user token) until SIGTERM/SIGINT; jobs live in the SQLite file, so a restarted
-// coordinator picks up where it left off.
+// reflection (with the user token) until SIGTERM/SIGINT; jobs live in the
+// SQLite file, so a restarted coordinator picks up where it left off.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>

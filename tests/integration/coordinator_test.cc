@@ -166,10 +166,9 @@ class CoordinatorTest : public ::testing::Test {
   int StartTeacher(const std::string& extra = "", int port = 0) {
     std::filesystem::remove(dir_.Join("teacher.port"));
     Spawn("teacher", SPECSTREAM_TEACHER_PATH,
-          "serve --model " + dir_.Join("target") + " --devices cpu --port " +
-              std::to_string(port) + " --keep-target-ids --port-file " +
-              dir_.Join("teacher.port") + " --coordinator " + address_ + " --token-file " +
-              dir_.Join("daemon-token") + " " + extra);
+          "serve --model " + dir_.Join("target") + " --devices cpu --port " + std::to_string(port) +
+              " --keep-target-ids --port-file " + dir_.Join("teacher.port") + " --coordinator " +
+              address_ + " --token-file " + dir_.Join("daemon-token") + " " + extra);
     return WaitForPort(dir_.Join("teacher.port"), "teacher");
   }
 

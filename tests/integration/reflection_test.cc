@@ -76,9 +76,9 @@ TEST_F(ReflectionTest, RefusedWithoutTheTokenAndListsTheServicesWithIt) {
   }
   auto services = testing::ReflectionServices(address_, kToken);
   ASSERT_TRUE(services.ok()) << services.status();
-  EXPECT_THAT(*services, ::testing::UnorderedElementsAre("specstream.v1.JobService",
-                                                         "grpc.health.v1.Health",
-                                                         "grpc.reflection.v1alpha.ServerReflection"));
+  EXPECT_THAT(*services,
+              ::testing::UnorderedElementsAre("specstream.v1.JobService", "grpc.health.v1.Health",
+                                              "grpc.reflection.v1alpha.ServerReflection"));
 }
 
 // A symbol's file comes with every file it depends on, each once, so a
@@ -96,9 +96,8 @@ TEST_F(ReflectionTest, FilesComeWithTheirDependenciesAndAMissingNameKeepsTheStre
   const std::vector<ServerReflectionResponse> responses = Ask(requests);
   ASSERT_EQ(responses.size(), 4u);
 
-  const auto* file =
-      google::protobuf::DescriptorPool::generated_pool()->FindFileContainingSymbol(
-          "specstream.v1.JobService");
+  const auto* file = google::protobuf::DescriptorPool::generated_pool()->FindFileContainingSymbol(
+      "specstream.v1.JobService");
   ASSERT_NE(file, nullptr);
   std::set<std::string> expected;
   std::vector<const google::protobuf::FileDescriptor*> todo = {file};
@@ -124,7 +123,8 @@ TEST_F(ReflectionTest, FilesComeWithTheirDependenciesAndAMissingNameKeepsTheStre
   EXPECT_EQ(responses[0].original_request().file_containing_symbol(), "specstream.v1.JobService");
   EXPECT_EQ(responses[1].error_response().error_code(),
             static_cast<int32_t>(grpc::StatusCode::NOT_FOUND));
-  EXPECT_THAT(responses[1].error_response().error_message(), ::testing::HasSubstr("no.such.Symbol"));
+  EXPECT_THAT(responses[1].error_response().error_message(),
+              ::testing::HasSubstr("no.such.Symbol"));
   EXPECT_EQ(responses[3].all_extension_numbers_response().base_type_name(), "specstream.v1.Job");
 }
 
