@@ -50,7 +50,56 @@ ComputeBatcher::~ComputeBatcher() { Stop(); }
 
 void ComputeBatcher::Enqueue(ComputeJob job) {
   absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(job));
+  SampleSink* sink = job.sink.get();
+  auto it = by_sink_.find(sink);
+  if (it == by_sink_.end()) {
+    it = by_sink_.emplace(sink, turns_.insert(turns_.end(), SinkJobs{sink, {}})).first;
+  }
+  it->second->jobs.push_back(std::move(job));
+  ++queued_;
+}
+
+bool ComputeBatcher::TakeNextLocked(std::deque<ComputeJob>& batch, int64_t& longest,
+                                    std::vector<ComputeJob>& dropped) {
+  while (!turns_.empty()) {
+    auto front = turns_.begin();
+    if (front->sink->ended()) {  // every job of an ended sink goes at once
+      queued_ -= static_cast<int64_t>(front->jobs.size());
+      for (ComputeJob& job : front->jobs) dropped.push_back(std::move(job));
+      by_sink_.erase(front->sink);
+      turns_.erase(front);
+      continue;
+    }
+    ComputeJob& job = front->jobs.front();
+    const int64_t len = std::max<int64_t>(longest, job.request.token_ids_size());
+    if (!batch.empty() &&
+        len * static_cast<int64_t>(batch.size() + 1) > options_.max_batch_tokens) {
+      return false;
+    }
+    longest = len;
+    batch.push_back(std::move(job));
+    front->jobs.pop_front();
+    --queued_;
+    if (front->jobs.empty()) {
+      by_sink_.erase(front->sink);
+      turns_.erase(front);
+    } else {
+      turns_.splice(turns_.end(), turns_, front);  // its next job waits a turn
+    }
+    return true;
+  }
+  return false;
+}
+
+std::vector<ComputeJob> ComputeBatcher::TakeAllLocked() {
+  std::vector<ComputeJob> all;
+  for (SinkJobs& waiting : turns_) {
+    for (ComputeJob& job : waiting.jobs) all.push_back(std::move(job));
+  }
+  turns_.clear();
+  by_sink_.clear();
+  queued_ = 0;
+  return all;
 }
 
 void ComputeBatcher::Stop() {
@@ -59,14 +108,14 @@ void ComputeBatcher::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  std::deque<ComputeJob> dropped;  // released outside the lock
+  std::vector<ComputeJob> dropped;  // released outside the lock
   absl::MutexLock lock(&mu_);
-  dropped.swap(queue_);
+  dropped = TakeAllLocked();
 }
 
 int64_t ComputeBatcher::queued_jobs() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(queue_.size());
+  return queued_;
 }
 
 int64_t ComputeBatcher::forward_calls() const {
@@ -80,28 +129,13 @@ void ComputeBatcher::Loop() {
     std::vector<ComputeJob> dropped;  // jobs of ended sinks, released outside the lock
     {
       absl::MutexLock lock(&mu_);
-      auto wake = [this]()
-                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || queued_ > 0; };
       mu_.Await(absl::Condition(&wake));
       if (stopping_) return;
-      // FIFO across sinks; a batch grows while its padded size (count x
-      // longest) stays within max_batch_tokens.
+      // Sinks in turn (Enqueue); a batch grows while its padded size
+      // (count x longest) stays within max_batch_tokens.
       int64_t longest = 0;
-      while (!queue_.empty()) {
-        ComputeJob& job = queue_.front();
-        if (job.sink->ended()) {
-          dropped.push_back(std::move(job));
-          queue_.pop_front();
-          continue;
-        }
-        const int64_t len = std::max<int64_t>(longest, job.request.token_ids_size());
-        if (!batch.empty() &&
-            len * static_cast<int64_t>(batch.size() + 1) > options_.max_batch_tokens) {
-          break;
-        }
-        longest = len;
-        batch.push_back(std::move(job));
-        queue_.pop_front();
+      while (TakeNextLocked(batch, longest, dropped)) {
       }
     }
     if (!batch.empty()) RunBatch(batch);

@@ -20,12 +20,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
@@ -92,7 +94,12 @@ class ComputeBatcher final {
   ComputeBatcher(const ComputeBatcher&) = delete;
   ComputeBatcher& operator=(const ComputeBatcher&) = delete;
 
-  // Queues a job (FIFO across sinks).
+  // Queues a job. Sinks take turns: a batch takes one job from each sink
+  // with jobs waiting, in the order they first had one, before a second
+  // from any (and each sink's own jobs in the order queued). A request
+  // therefore waits behind at most one job of every other stream, however
+  // many those have queued (P24: 200 streams that never read cannot push an
+  // admitted job's sample back by their whole backlog).
   void Enqueue(ComputeJob job);
   // Stops the compute thread after its current batch; jobs still queued are
   // dropped. Idempotent.
@@ -121,8 +128,25 @@ class ComputeBatcher final {
 
   TargetRuntime& runtime_;
   const ComputeBatcherOptions options_;
+  // The jobs that one sink has waiting.
+  struct SinkJobs {
+    SampleSink* sink = nullptr;
+    std::deque<ComputeJob> jobs;
+  };
+  // Takes the next job in turn order into `batch` unless it would exceed
+  // max_batch_tokens (padded); jobs of ended sinks go to `dropped`.
+  // Returns false when no job was taken.
+  bool TakeNextLocked(std::deque<ComputeJob>& batch, int64_t& longest,
+                      std::vector<ComputeJob>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases every waiting job (Stop).
+  std::vector<ComputeJob> TakeAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
-  std::deque<ComputeJob> queue_ ABSL_GUARDED_BY(mu_);
+  // Sinks with jobs waiting, in turn order (the next batch starts at the
+  // front; a sink that gave a job goes to the back), and where each is.
+  std::list<SinkJobs> turns_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SampleSink*, std::list<SinkJobs>::iterator> by_sink_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // jobs in turns_
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t forward_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;

@@ -226,9 +226,21 @@ void StreamSession::SampleLocked(const SampleRequest& request) {
                         config_.max_queued_requests)));
     return;
   }
-  // The teacher-wide budget refuses this request alone: the stream, and the
-  // requests it already has waiting, go on. The id stays free for a retry.
+  // The stream's bound and the teacher-wide budget refuse this request
+  // alone: the stream, and the requests it already has waiting, go on. The
+  // id stays free for a retry.
   const int64_t bytes = QueuedRequestBytes(request);
+  if (queued_bytes_ + bytes > config_.max_queued_request_bytes) {
+    SS_LOG_DEBUG("teacher stream from {}: request {} refused: the stream's queue bound is full",
+                 peer_, request.request_id());
+    RefuseLocked(request.request_id(),
+                 absl::ResourceExhaustedError(absl::StrFormat(
+                     "this stream's SampleRequests waiting for a credit would hold more than %d "
+                     "bytes (serve --max-queued-mib-per-stream); send Credit or Ack first, or "
+                     "retry later",
+                     config_.max_queued_request_bytes)));
+    return;
+  }
   if (config_.queue_budget != nullptr && !config_.queue_budget->TryCharge(bytes)) {
     SS_LOG_DEBUG("teacher stream from {}: request {} refused: the queue budget is full", peer_,
                  request.request_id());

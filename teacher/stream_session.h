@@ -12,9 +12,10 @@
 // reports completions back. Memory: a stream materialises at most
 // min(credits not in flight, max_samples_per_stream) samples at once;
 // requests waiting for a credit hold only their token ids, at most
-// max_queued_requests of them, each charged to the teacher's QueueBudget
-// (shared by every stream) while it waits: one the budget cannot take is
-// answered SampleError RESOURCE_EXHAUSTED, and the stream goes on. A request
+// max_queued_requests of them and max_queued_request_bytes, each charged to
+// the teacher's QueueBudget (shared by every stream) while it waits: one
+// either bound cannot take is answered SampleError RESOURCE_EXHAUSTED, and
+// the stream goes on. A request
 // submitted at once (it has a credit, and nothing waits ahead of it) is not
 // charged. Charges are released when a request is submitted, and every
 // waiting one when the stream drains, ends or finishes. Refusals wait to be
@@ -76,6 +77,8 @@ struct StreamSessionConfig {
   int64_t num_layers = 0;  // bounds Open.capture_layer_ids
   int max_samples_per_stream = 8;
   int max_queued_requests = 4096;
+  // What this stream's waiting requests may be charged in all (> 0).
+  int64_t max_queued_request_bytes = int64_t{16} << 20;
   PayloadSenderConfig sender;
   ComputeBatcher* batcher = nullptr;  // outlives every session
   // The teacher-wide budget for waiting requests; outlives every session.

@@ -47,6 +47,19 @@ absl::Status ValidateOptions(const TeacherServiceOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_queued_request_bytes: ", options.max_queued_request_bytes, " must be > 0"));
   }
+  if (options.max_queued_request_bytes_per_stream <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_queued_request_bytes_per_stream: ", options.max_queued_request_bytes_per_stream,
+        " must be > 0"));
+  }
+  if (options.max_streams < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_streams: ", options.max_streams, " must be >= 1"));
+  }
+  if (options.max_streams_per_peer < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_streams_per_peer: ", options.max_streams_per_peer, " must be >= 1"));
+  }
   if (options.shm_space_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("shm_space_timeout: must be > 0");
   }
@@ -139,6 +152,8 @@ absl::StatusOr<std::unique_ptr<TeacherCore>> TeacherCore::Create(TargetRuntime& 
   s.num_layers = model.num_layers;
   s.max_samples_per_stream = o.max_samples_per_stream;
   s.max_queued_requests = o.max_queued_requests;
+  s.max_queued_request_bytes =
+      std::min(o.max_queued_request_bytes_per_stream, o.max_queued_request_bytes);
   s.sender.chunk_bytes = o.chunk_bytes;
   s.sender.shm_space_timeout = o.shm_space_timeout;
   s.sender.nccl_device = o.nccl_device;
@@ -183,6 +198,46 @@ std::shared_ptr<StreamSession> TeacherCore::NewSession(StreamCall* call, std::st
   absl::MutexLock lock(&stats_mu_);
   ++stats_.streams;
   return session;
+}
+
+void TeacherCore::AdmitStream(StreamSession* session, const std::string& bearer_token,
+                              std::function<void(absl::Status)> done) {
+  Admit(bearer_token, session->peer(),
+        [this, session, done = std::move(done)](absl::Status verdict) {
+          if (verdict.ok()) verdict = CountStream(session);
+          done(std::move(verdict));
+        });
+}
+
+absl::Status TeacherCore::CountStream(StreamSession* session) {
+  absl::Status over;
+  {
+    absl::MutexLock lock(&mu_);
+    // A call over before its verdict came counts for nothing (Begin then
+    // starts nothing either).
+    if (!sessions_.contains(session)) return absl::OkStatus();
+    const std::string host = PeerLimiter::PeerHost(session->peer());
+    int& from_host = admitted_per_host_[host];
+    if (static_cast<int64_t>(admitted_.size()) >= options_.max_streams) {
+      over = absl::ResourceExhaustedError(
+          absl::StrFormat("the teacher has %d streams open, its limit (serve --max-streams); "
+                          "retry later",
+                          options_.max_streams));
+    } else if (from_host >= options_.max_streams_per_peer) {
+      over = absl::ResourceExhaustedError(
+          absl::StrFormat("%s has %d streams open to this teacher, the limit per address (serve "
+                          "--max-streams-per-peer); close one or retry later",
+                          host, options_.max_streams_per_peer));
+    } else {
+      admitted_.insert(session);
+      ++from_host;
+      return absl::OkStatus();
+    }
+    if (from_host == 0) admitted_per_host_.erase(host);
+  }
+  absl::MutexLock lock(&stats_mu_);
+  ++stats_.streams_refused_over_limit;
+  return over;
 }
 
 void TeacherCore::Admit(const std::string& bearer_token, const std::string& peer,
@@ -244,6 +299,9 @@ void TeacherCore::SessionDone(StreamSession* session) {
   if (it == sessions_.end()) return;
   last = std::move(it->second);
   sessions_.erase(it);
+  if (admitted_.erase(session) == 0) return;
+  auto host = admitted_per_host_.find(PeerLimiter::PeerHost(session->peer()));
+  if (host != admitted_per_host_.end() && --host->second == 0) admitted_per_host_.erase(host);
 }
 
 void TeacherCore::StartDraining() {
@@ -266,15 +324,18 @@ void TeacherCore::Stop() {
 
 TeacherCore::Stats TeacherCore::stats() const {
   bool draining;
+  int64_t open_streams;
   {
     absl::MutexLock lock(&mu_);
     draining = draining_;
+    open_streams = static_cast<int64_t>(admitted_.size());
   }
   absl::MutexLock lock(&stats_mu_);
   Stats stats = stats_;
   stats.forward_calls = batcher_ != nullptr ? batcher_->forward_calls() : 0;
   stats.queued_jobs = batcher_ != nullptr ? batcher_->queued_jobs() : 0;
   stats.draining = draining;
+  stats.open_streams = open_streams;
   stats.queued_request_bytes = queue_budget_ != nullptr ? queue_budget_->used() : 0;
   stats.queued_request_bytes_peak = queue_budget_ != nullptr ? queue_budget_->peak() : 0;
   return stats;

@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -59,6 +60,18 @@ struct TeacherServiceOptions {
   // over is answered SampleError RESOURCE_EXHAUSTED; its stream goes on.
   // 256 MiB holds about 31,000 waiting 2k-token requests.
   int64_t max_queued_request_bytes = int64_t{256} << 20;
+  // The same bound for one stream's waiting requests (> 0, counted the same
+  // way; max_queued_request_bytes when that is less): one stream with no credit
+  // cannot take the whole teacher-wide budget. 16 MiB holds about 2,000
+  // waiting 2k-token requests, far more than any credit window.
+  int64_t max_queued_request_bytes_per_stream = int64_t{16} << 20;
+  // Streams open at once (>= 1), and from one address (>= 1); one more is
+  // refused RESOURCE_EXHAUSTED once its token is admitted (calls still
+  // being authorized have their own per-peer limit, peer_limits). Each open stream holds at most
+  // max_samples_per_stream computed samples, its waiting requests and one payload thread, so these
+  // bound what clients that open streams and never read can make the teacher hold.
+  int max_streams = 512;
+  int max_streams_per_peer = 64;
   // How long a shm stream waits for the student to release ring space before
   // the stream ends with DEADLINE_EXCEEDED. The wait ends early when the
   // stream ends (cancelled, failed, server shutdown).
@@ -124,6 +137,12 @@ class TeacherCore final {
   // A new stream writing through `call` (valid until the session's OnDone),
   // registered until SessionDone. Begin it with Admit's verdict.
   std::shared_ptr<StreamSession> NewSession(StreamCall* call, std::string peer);
+  // Admit for a stream made by NewSession, and then its place: an admitted
+  // stream counts against max_streams and its address's
+  // max_streams_per_peer until SessionDone; over either, the verdict is
+  // RESOURCE_EXHAUSTED instead.
+  void AdmitStream(StreamSession* session, const std::string& bearer_token,
+                   std::function<void(absl::Status)> done);
   // Whether a new call (a stream, or Describe) from `peer` (a gRPC peer
   // string) with this bearer token may proceed; `done` gets the verdict once,
   // maybe before Admit returns: UNAVAILABLE while draining, else
@@ -156,12 +175,16 @@ class TeacherCore final {
     // a credit (all streams; at most max_queued_request_bytes).
     int64_t queued_request_bytes = 0;
     int64_t queued_request_bytes_peak = 0;
-    bool draining = false;  // StartDraining has run
+    int64_t open_streams = 0;  // streams admitted now (AdmitStream, not yet SessionDone)
+    int64_t streams_refused_over_limit = 0;  // by max_streams or max_streams_per_peer
+    bool draining = false;                   // StartDraining has run
   };
   Stats stats() const;
 
  private:
   explicit TeacherCore(TeacherServiceOptions options) : options_(std::move(options)) {}
+  // Counts an admitted stream, or RESOURCE_EXHAUSTED over the limits.
+  absl::Status CountStream(StreamSession* session);
 
   const TeacherServiceOptions options_;
   v1::DescribeResponse description_;
@@ -178,6 +201,10 @@ class TeacherCore final {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<StreamSession*, std::shared_ptr<StreamSession>> sessions_
       ABSL_GUARDED_BY(mu_);
+  // The admitted sessions (those AdmitStream let in), in all and per
+  // address (PeerLimiter::PeerHost of their peer).
+  absl::flat_hash_set<StreamSession*> admitted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> admitted_per_host_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   PeerLimiter peer_limiter_{options_.peer_limits};
 

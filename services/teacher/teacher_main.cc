@@ -190,7 +190,10 @@ struct ServeFlags {
   int64_t max_tokens = 0;
   int64_t batch_tokens = 8192;
   int64_t chunk_kib = 1024;
-  int64_t max_queued_mib = 256;  // TeacherServiceOptions::max_queued_request_bytes
+  int64_t max_queued_mib = 256;            // TeacherServiceOptions::max_queued_request_bytes
+  int64_t max_queued_mib_per_stream = 16;  // ...::max_queued_request_bytes_per_stream
+  int max_streams = 512;
+  int max_streams_per_peer = 64;
   std::string nccl_device = "auto";
   double nccl_timeout_s = 60;
   double shutdown_timeout_s = 30;
@@ -287,6 +290,19 @@ absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const Se
     return absl::InvalidArgumentError(absl::StrCat("--max-queued-mib: ", serve.max_queued_mib,
                                                    " not in [1, ", kMaxQueuedMib, "]"));
   }
+  if (serve.max_queued_mib_per_stream < 1 || serve.max_queued_mib_per_stream > kMaxQueuedMib) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-queued-mib-per-stream: ", serve.max_queued_mib_per_stream,
+                     " not in [1, ", kMaxQueuedMib, "]"));
+  }
+  if (serve.max_streams < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-streams: ", serve.max_streams, " must be >= 1"));
+  }
+  if (serve.max_streams_per_peer < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-streams-per-peer: ", serve.max_streams_per_peer, " must be >= 1"));
+  }
   if (!serve.coordinator.empty()) {
     RETURN_IF_ERROR(SplitHostPort(serve.coordinator, "--coordinator").status());
   }
@@ -327,6 +343,9 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   options.service.max_batch_tokens = serve.batch_tokens;
   options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
   options.service.max_queued_request_bytes = serve.max_queued_mib << 20;
+  options.service.max_queued_request_bytes_per_stream = serve.max_queued_mib_per_stream << 20;
+  options.service.max_streams = serve.max_streams;
+  options.service.max_streams_per_peer = serve.max_streams_per_peer;
   options.service.nccl_device = nccl_device;
   options.service.nccl_timeout = absl::Seconds(serve.nccl_timeout_s);
   options.tls = serve.tls;
@@ -407,7 +426,8 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
 int main(int argc, char** argv) {
   // Before any thread: may re-execute this binary (common/openmp_wait.h).
   specstream::PreferPassiveOpenMpWait(argv);
-  CLI::App app{"SpecStream teacher: runs the target model and captures the hidden states drafts train on"};
+  CLI::App app{
+      "SpecStream teacher: runs the target model and captures the hidden states drafts train on"};
   app.require_subcommand(1);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
@@ -498,6 +518,13 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-queued-mib", serve.max_queued_mib,
                         "MiB that SampleRequests waiting for a credit may hold over all streams "
                         "(default 256); past it a request is refused RESOURCE_EXHAUSTED");
+  serve_cmd->add_option("--max-queued-mib-per-stream", serve.max_queued_mib_per_stream,
+                        "The same bound for one stream (default 16; --max-queued-mib when less)");
+  serve_cmd->add_option("--max-streams", serve.max_streams,
+                        "Streams open at once (default 512); one more is refused "
+                        "RESOURCE_EXHAUSTED");
+  serve_cmd->add_option("--max-streams-per-peer", serve.max_streams_per_peer,
+                        "Streams open at once from one address (default 64)");
   serve_cmd->add_option("--nccl-device", serve.nccl_device,
                         "CUDA device of TRANSPORT_NCCL payloads: auto (the leader's GPU when "
                         "serving on CUDA, else device 0 when the build has NCCL and one is "

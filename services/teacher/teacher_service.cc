@@ -33,8 +33,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     // The verdict may come later, on another thread (a job token the
     // teacher has not heard of yet): the session then starts reading, or
     // finishes the call. The session outlives this reactor if need be.
-    core.Admit(BearerToken(*context).value_or(""), context->peer(),
-               [session = session_](absl::Status verdict) { session->Begin(verdict); });
+    core.AdmitStream(session_.get(), BearerToken(*context).value_or(""),
+                     [session = session_](absl::Status verdict) { session->Begin(verdict); });
   }
 
   // teacher::StreamCall, called under the session's lock.

@@ -644,6 +644,9 @@ TEST_F(CoordinatorTest, DaemonsCheckTheirConfigWithoutStarting) {
       {"--coordinator no-port", "--coordinator"},
       {"--batch-tokens 0", "--batch-tokens"},
       {"--max-queued-mib 0", "--max-queued-mib: 0 not in [1, 1048576]"},
+      {"--max-queued-mib-per-stream 0", "--max-queued-mib-per-stream: 0 not in [1, 1048576]"},
+      {"--max-streams 0", "--max-streams: 0 must be >= 1"},
+      {"--max-streams-per-peer -1", "--max-streams-per-peer: -1 must be >= 1"},
   };
   for (const auto& [flags, reason] : bad_teachers) {
     EXPECT_EQ(RunTool(SPECSTREAM_TEACHER_PATH, teacher + flags + " --check-config"), 2) << flags;

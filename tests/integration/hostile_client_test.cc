@@ -347,6 +347,178 @@ TEST_F(HostileClientTest, AQueueFloodIsBoundedByOneTeacherWideBudget) {
   ExpectResponsive("");
 }
 
+// P24 item 2: 200 clients open streams, grant credit, ask for samples and
+// never read, from the address of a student already streaming. The teacher
+// admits 47 of them (48 streams per address here, the student's
+// included) and refuses the rest RESOURCE_EXHAUSTED naming the limit, so it
+// holds at most 48 streams' samples and payload threads. The target is
+// slow (20 ms a forward, one sample each); the streams take turns at it, so
+// the student's next sample waits behind at most one sample of each flood
+// stream, not their 376 (7.5 s first-come-first-served), and comes within
+// 2 s.
+TEST_F(HostileClientTest, NonReadingStreamsAreCappedAndDoNotStarveAnAdmittedStudent) {
+  constexpr int kFlood = 200;
+  constexpr int kPerPeer = 48;
+  constexpr int kCredit = 8;
+  constexpr int kTokens = 64;
+  service_.max_streams_per_peer = kPerPeer;
+  service_.max_batch_tokens = kTokens;  // one sample per forward
+  Start({});
+  auto sample = [](uint64_t request_id, int32_t first) {
+    v1::StreamRequest r;
+    r.mutable_sample()->set_request_id(request_id);
+    r.mutable_sample()->set_sample_id(static_cast<int64_t>(request_id));
+    r.mutable_sample()->add_token_ids(first);
+    for (int t = 1; t < kTokens; ++t) r.mutable_sample()->add_token_ids((t * 7 + 3) % 50);
+    return r;
+  };
+  v1::StreamRequest open;
+  open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+
+  // The student, streaming before the flood.
+  v1::TeacherService::Stub stub(Channel());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  auto student = stub.StreamHiddenStates(&context);
+  v1::StreamResponse response;
+  ASSERT_TRUE(student->Write(open) && student->Read(&response) && response.has_opened());
+
+  runtime_.Hold();  // the flood's samples all queue before any is computed
+  runtime_.set_forward_delay(absl::Milliseconds(20));
+  struct Flood {
+    bool opened = false;
+    grpc::Status status;
+  };
+  std::vector<Flood> floods(kFlood);
+  absl::Notification stop;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kFlood; ++i) {
+    clients.emplace_back([&, i] {
+      v1::TeacherService::Stub flood_stub(Channel());
+      grpc::ClientContext flood_context;
+      flood_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+      auto stream = flood_stub.StreamHiddenStates(&flood_context);
+      v1::StreamResponse first;
+      if (stream->Write(open) && stream->Read(&first) && first.has_opened()) {
+        floods[i].opened = true;
+        v1::StreamRequest credit;
+        credit.mutable_credit()->set_n(kCredit);
+        bool ok = stream->Write(credit);
+        for (uint64_t id = 1; ok && id <= kCredit; ++id) ok = stream->Write(sample(id, 60));
+        stop.WaitForNotification();  // never reads another message
+        flood_context.TryCancel();
+      }
+      floods[i].status = stream->Finish();
+    });
+  }
+  struct StopClients {
+    absl::Notification& stop;
+    std::vector<std::thread>& clients;
+    testing::FakeTargetRuntime& runtime;
+    ~StopClients() {
+      runtime.Release();
+      if (!stop.HasBeenNotified()) stop.Notify();
+      for (auto& client : clients) {
+        if (client.joinable()) client.join();
+      }
+    }
+  } stop_clients{stop, clients, runtime_};
+
+  // 47 flood streams admitted, each with its 8 samples queued (one of them
+  // held in the forward), and 153 refused.
+  constexpr int kAdmitted = kPerPeer - 1;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        const teacher::TeacherCore::Stats stats = server_->core().stats();
+        return stats.streams_refused_over_limit == kFlood - kAdmitted &&
+               stats.queued_jobs == int64_t{kAdmitted} * kCredit - 1;
+      },
+      absl::Seconds(60)))
+      << server_->core().stats().streams_refused_over_limit << " refused, "
+      << server_->core().stats().queued_jobs << " queued";
+  const teacher::TeacherCore::Stats held = server_->core().stats();
+  EXPECT_EQ(held.open_streams, kPerPeer);
+
+  v1::StreamRequest credit;
+  credit.mutable_credit()->set_n(1);
+  ASSERT_TRUE(student->Write(credit) && student->Write(sample(1, 61)));
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return server_->core().stats().queued_jobs == int64_t{kAdmitted} * kCredit; },
+      absl::Seconds(10)));
+  const absl::Time asked = absl::Now();
+  runtime_.Release();
+  bool header = false;
+  while (!header && student->Read(&response)) header = response.has_header();
+  const absl::Duration took = absl::Now() - asked;
+  ASSERT_TRUE(header);
+  EXPECT_LT(took, absl::Seconds(2)) << "the student's sample waited behind the flood";
+  const std::vector<int32_t> order = runtime_.first_ids();
+  const auto at = std::find(order.begin(), order.end(), 61) - order.begin();
+  EXPECT_LE(at, kAdmitted + 1) << "computed after " << at << " flood samples";
+  std::cout << "flood: " << kFlood << " non-reading streams from one address; " << kAdmitted
+            << " admitted beside the student (" << held.open_streams << " streams open, "
+            << held.streams_refused_over_limit << " refused), " << int64_t{kAdmitted} * kCredit
+            << " flood samples queued; the student's sample "
+            << "was computed after " << at << " of them and arrived in "
+            << absl::FormatDuration(took) << "\n";
+  ExpectResponsive("");
+
+  context.TryCancel();
+  student->Finish().IgnoreError();
+  stop.Notify();
+  for (auto& client : clients) client.join();
+  int opened = 0;
+  for (const Flood& f : floods) {
+    if (f.opened) {
+      ++opened;
+      continue;
+    }
+    EXPECT_EQ(f.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << f.status.error_message();
+    EXPECT_NE(f.status.error_message().find("--max-streams-per-peer"), std::string::npos)
+        << f.status.error_message();
+  }
+  EXPECT_EQ(opened, kAdmitted);
+  EXPECT_TRUE(testing::WaitUntil([&] { return server_->core().stats().open_streams == 0; },
+                                 absl::Seconds(10)));
+}
+
+// P24 item 2: past max_streams open streams, one more is refused
+// RESOURCE_EXHAUSTED naming the limit; once one closes, a new one opens.
+TEST_F(HostileClientTest, StreamsPastTheTeachersLimitAreRefused) {
+  service_.max_streams = 3;
+  Start({});
+  v1::StreamRequest open;
+  open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+  struct Open {
+    std::unique_ptr<v1::TeacherService::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> context = std::make_unique<grpc::ClientContext>();
+    std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream;
+  };
+  std::vector<Open> streams;
+  for (int i = 0; i < 3; ++i) {
+    Open o;
+    o.stub = std::make_unique<v1::TeacherService::Stub>(Channel());
+    o.stream = o.stub->StreamHiddenStates(o.context.get());
+    v1::StreamResponse response;
+    ASSERT_TRUE(o.stream->Write(open) && o.stream->Read(&response) && response.has_opened()) << i;
+    streams.push_back(std::move(o));
+  }
+  const CallResult refused = OpenStream("");
+  EXPECT_EQ(refused.code, grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.message;
+  EXPECT_NE(refused.message.find("--max-streams"), std::string::npos) << refused.message;
+  EXPECT_EQ(server_->core().stats().open_streams, 3);
+  streams.front().stream->WritesDone();
+  EXPECT_TRUE(streams.front().stream->Finish().ok());
+  EXPECT_TRUE(testing::WaitUntil([&] { return server_->core().stats().open_streams == 2; },
+                                 absl::Seconds(10)));
+  EXPECT_EQ(OpenStream("").code, grpc::StatusCode::OK);
+  for (size_t i = 1; i < streams.size(); ++i) {
+    streams[i].context->TryCancel();
+    streams[i].stream->Finish().IgnoreError();
+  }
+}
+
 // A StreamRequest that does not parse ends that stream INVALID_ARGUMENT;
 // the teacher carries on.
 TEST_F(HostileClientTest, GarbageBytesEndOnlyTheirStream) {

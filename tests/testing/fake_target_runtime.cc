@@ -1,6 +1,7 @@
 #include "tests/testing/fake_target_runtime.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace specstream::testing {
 
@@ -40,14 +41,20 @@ torch::Tensor FakeTargetRuntime::ExpectedLast(const std::vector<int32_t>& ids) c
 absl::StatusOr<std::vector<teacher::SequenceCapture>> FakeTargetRuntime::Forward(
     const teacher::ForwardRequest& request) {
   int32_t poison = -1;
+  absl::Duration delay;
   {
     absl::MutexLock lock(&mu_);
     auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_; };
     mu_.Await(absl::Condition(&released));
     batch_sizes_.push_back(static_cast<int64_t>(request.sequences.size()));
     capture_requests_.push_back(request.capture_layer_ids);
+    for (const std::vector<int32_t>& ids : request.sequences) {
+      first_ids_.push_back(ids.empty() ? -1 : ids.front());
+    }
     poison = poison_id_;
+    delay = forward_delay_;
   }
+  absl::SleepFor(delay);
   for (int k : request.capture_layer_ids) {
     if (k < 0 || k >= description_.num_layers) {
       return absl::InvalidArgumentError(
@@ -81,6 +88,11 @@ void FakeTargetRuntime::set_poison_id(int32_t id) {
   poison_id_ = id;
 }
 
+void FakeTargetRuntime::set_forward_delay(absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  forward_delay_ = delay;
+}
+
 void FakeTargetRuntime::Hold() {
   absl::MutexLock lock(&mu_);
   held_ = true;
@@ -99,6 +111,11 @@ int64_t FakeTargetRuntime::forward_calls() const {
 std::vector<int64_t> FakeTargetRuntime::batch_sizes() const {
   absl::MutexLock lock(&mu_);
   return batch_sizes_;
+}
+
+std::vector<int32_t> FakeTargetRuntime::first_ids() const {
+  absl::MutexLock lock(&mu_);
+  return first_ids_;
 }
 
 std::vector<std::vector<int>> FakeTargetRuntime::capture_requests() const {

@@ -46,6 +46,9 @@ class FakeTargetRuntime final : public teacher::TargetRuntime {
 
   // Forward fails (Internal) for any batch holding this token id; -1: none.
   void set_poison_id(int32_t id);
+  // Every Forward takes at least `delay` (a slow target: one call per batch,
+  // whatever its size).
+  void set_forward_delay(absl::Duration delay);
   // Forward waits until Release() while held (a slow target on cue).
   void Hold();
   void Release();
@@ -54,6 +57,8 @@ class FakeTargetRuntime final : public teacher::TargetRuntime {
   int64_t forward_calls() const;
   std::vector<int64_t> batch_sizes() const;
   std::vector<std::vector<int>> capture_requests() const;
+  // The first token id of every sequence asked for, in the order computed.
+  std::vector<int32_t> first_ids() const;
   // Waits until Forward has been asked for at least `n` sequences in all;
   // false past `timeout`.
   bool AwaitSamples(int64_t n, absl::Duration timeout) const;
@@ -69,8 +74,10 @@ class FakeTargetRuntime final : public teacher::TargetRuntime {
   mutable absl::Mutex mu_;
   int32_t poison_id_ ABSL_GUARDED_BY(mu_) = -1;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration forward_delay_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> batch_sizes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<int>> capture_requests_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> first_ids_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace specstream::testing

@@ -201,11 +201,13 @@ class StreamSessionTest : public ::testing::Test {
   void SetUp() override { Configure(); }
 
   void Configure(int max_samples_per_stream = 8, int max_queued_requests = 4096,
-                 uint64_t chunk_bytes = 4096, PayloadChannelJoin nccl = nullptr) {
+                 uint64_t chunk_bytes = 4096, PayloadChannelJoin nccl = nullptr,
+                 int64_t max_batch_tokens = 8192) {
     session_.reset();
     call_.reset();
     batcher_.reset();
     ComputeBatcherOptions batcher;
+    batcher.max_batch_tokens = max_batch_tokens;
     batcher.payload_dtype = DType::kF32;
     batcher.keep_target_ids = true;
     batcher_ = std::make_unique<ComputeBatcher>(runtime_, batcher);
@@ -542,6 +544,79 @@ TEST_F(StreamSessionTest, StreamsShareOneQueueBudgetAndARequestOverItIsRefused) 
   EXPECT_EQ(c.call->finished()->code(), absl::StatusCode::kOk);
   EXPECT_EQ(budget_->used(), 0);
   EXPECT_EQ(budget_->peak(), 4 * per_request);
+}
+
+// P24 item 2: one stream's waiting requests have a bound of their own
+// below the teacher-wide budget; a request over it is refused alone.
+TEST_F(StreamSessionTest, OneStreamsWaitingRequestsHaveTheirOwnBound) {
+  StreamRequest probe;
+  for (int32_t id : Ids(1)) probe.mutable_sample()->add_token_ids(id);
+  const int64_t per_request = QueuedRequestBytes(probe.sample());
+  budget_ = std::make_unique<QueueBudget>(100 * per_request);
+  config_.queue_budget = budget_.get();
+  config_.max_queued_request_bytes = 3 * per_request;
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  Open();
+  for (int i = 1; i <= 5; ++i) Request(i, i);  // no credit: all wait or are refused
+  EXPECT_EQ(budget_->used(), 3 * per_request);
+  ASSERT_TRUE(AwaitErrors(2));
+  const Decoded d = Decode(call_->written());
+  ASSERT_EQ(d.errors.size(), 2u);
+  for (uint64_t id : {4u, 5u}) {
+    ASSERT_EQ(d.errors.count(id), 1u) << id;
+    EXPECT_EQ(d.errors.at(id).code(), static_cast<int32_t>(absl::StatusCode::kResourceExhausted));
+    EXPECT_NE(d.errors.at(id).message().find("--max-queued-mib-per-stream"), std::string::npos)
+        << d.errors.at(id).message();
+  }
+  EXPECT_FALSE(call_->finished().has_value());
+  Credit(5);  // the three waiting are served, and a refused id may be sent again
+  Request(4, 4);
+  ASSERT_TRUE(AwaitHeaders(4));
+  EXPECT_EQ(budget_->used(), 0);
+}
+
+// P24 item 2: streams take turns at the compute thread. One stream with
+// eight samples queued ahead of another's one request delays it by one of
+// its samples, not eight (FIFO across streams would compute it ninth).
+TEST_F(StreamSessionTest, StreamsTakeTurnsAtTheComputeThread) {
+  Configure(/*max_samples_per_stream=*/8, /*max_queued_requests=*/4096, /*chunk_bytes=*/4096,
+            /*nccl=*/nullptr, /*max_batch_tokens=*/40);  // one 40-token sample per forward
+  ASSERT_TRUE(session_->Begin(absl::OkStatus()));
+  Open();
+  Credit(8);
+  RecordingCall other_call;
+  auto other = std::make_shared<StreamSession>(config_, &other_call, "other-peer");
+  other_call.Attach(other.get());
+  ASSERT_TRUE(other->Begin(absl::OkStatus()));
+  runtime_.Hold();
+  for (int i = 1; i <= 8; ++i) Request(i, i, std::vector<int32_t>(40, 1));
+  {
+    StreamRequest open;
+    open.mutable_open()->set_transport(v1::TRANSPORT_INLINE);
+    other->OnRequest(open);
+    StreamRequest credit;
+    credit.mutable_credit()->set_n(1);
+    other->OnRequest(credit);
+    StreamRequest sample;
+    sample.mutable_sample()->set_request_id(1);
+    sample.mutable_sample()->set_sample_id(1);
+    for (int t = 0; t < 40; ++t) sample.mutable_sample()->add_token_ids(2);
+    other->OnRequest(sample);
+  }
+  runtime_.Release();
+  ASSERT_TRUE(AwaitHeaders(8));
+  ASSERT_TRUE(other_call.Await([](const std::vector<StreamMessage>& w, const auto& finished) {
+    return Decode(w).headers.size() == 1 || finished.has_value();
+  }));
+  const std::vector<int32_t> order = runtime_.first_ids();
+  ASSERT_EQ(order.size(), 9u);
+  const auto at = std::find(order.begin(), order.end(), 2) - order.begin();
+  EXPECT_LE(at, 2) << "the other stream's sample was computed after " << at << " of the first's";
+  other->OnCancel();
+  EXPECT_TRUE(other_call.AwaitFinished());
+  int64_t sent = 0;
+  other->OnDone(&sent).IgnoreError();
+  other_call.Stop();
 }
 
 // A student that is refused and never reads cannot pile up SampleErrors:
