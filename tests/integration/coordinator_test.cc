@@ -133,6 +133,10 @@ class CoordinatorTest : public ::testing::Test {
     pids_[name] = pid;
   }
 
+  // Kills the only teacher with `signal_number` mid-job (job `id`) and
+  // starts it again on its port; the job must succeed with its ledger exact.
+  void RestartSoleTeacherMidJob(int signal_number, const std::string& id);
+
   void Kill(const std::string& name, int signal_number) {
     const pid_t pid = pids_[name];
     ASSERT_GT(pid, 0) << name;
@@ -515,33 +519,33 @@ TEST_F(CoordinatorTest, StudentDaemonKilledMidJob) {
 // the coordinator's heartbeat has told it, and that refusal too is waited
 // out), the job succeeds without a restart, and the ledger lists every
 // sample exactly once per epoch.
-TEST_F(CoordinatorTest, SoleTeacherKilledAndRestartedMidJobSucceeds) {
+void CoordinatorTest::RestartSoleTeacherMidJob(int signal_number, const std::string& id) {
   StartCoordinator();
   const int teacher_port = StartTeacher();
   StartStudent("s0");
-  const std::string ledger = dir_.Join("ledger-teacher");
+  const std::string ledger = dir_.Join("ledger-" + id);
   // 32 samples, batch 2: 16 steps an epoch.
-  std::string spec = OnlineJob("teacher-restart", 1, 160, 1000);
+  std::string spec = OnlineJob("teacher-restart-" + id, 1, 160, 1000);
   spec.replace(spec.find("data:\n") + 6, 0, "  ledger_dir: " + ledger + "\n");
   testing::WriteFile(dir_.Join("job.yaml"), spec);
-  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id tr-1"), 0) << CliErr();
+  ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id " + id), 0) << CliErr();
   ASSERT_TRUE(WaitFor(
-      "tr-1",
+      id,
       [](const nlohmann::json& job) {
         return job["state"] == "JOB_STATE_RUNNING" && Step(job) >= 10 && Step(job) < 80;
       },
       120))
       << Log("coordinator");
-  Kill("teacher", SIGKILL);
+  Kill("teacher", signal_number);
   absl::SleepFor(absl::Milliseconds(500));
   ASSERT_EQ(StartTeacher("", teacher_port), teacher_port) << Log("teacher");
-  ASSERT_EQ(Cli("wait tr-1 --timeout 300"), 0)
+  ASSERT_EQ(Cli("wait " + id + " --timeout 300"), 0)
       << CliErr() << Log("coordinator") << Log("teacher") << Log("s0");
-  nlohmann::json job = Status("tr-1");
+  nlohmann::json job = Status(id);
   EXPECT_EQ(job["state"], "JOB_STATE_SUCCEEDED") << job.dump();
   EXPECT_EQ(job.value("attempt", 0), 0) << job.dump();  // waited for, not restarted
   EXPECT_EQ(Step(job), 160);
-  ASSERT_EQ(Cli("logs tr-1"), 0);
+  ASSERT_EQ(Cli("logs " + id), 0);
   EXPECT_NE(CliOut().find("is back"), std::string::npos) << CliOut();
 
   // Every sample once per epoch: each run of 16 steps trains all 32.
@@ -561,6 +565,16 @@ TEST_F(CoordinatorTest, SoleTeacherKilledAndRestartedMidJobSucceeds) {
       EXPECT_EQ(count, 1) << "epoch " << epoch << ", sample " << id;
     }
   }
+}
+
+TEST_F(CoordinatorTest, SoleTeacherKilledAndRestartedMidJobSucceeds) {
+  RestartSoleTeacherMidJob(SIGKILL, "tr-kill");
+}
+
+// The same with SIGTERM: the teacher drains (its streams end UNAVAILABLE)
+// and exits, and the student waits for it as for a killed one.
+TEST_F(CoordinatorTest, SoleTeacherStoppedAndRestartedMidJobSucceeds) {
+  RestartSoleTeacherMidJob(SIGTERM, "tr-term");
 }
 
 // kill -9 the rank process itself (what the OOM killer does) while its
