@@ -102,7 +102,11 @@ phase_done "fetches (waited for after the build)"
 # floors; FULL=1 runs the full tier (label full) in their place.
 tiers=(-LE full)
 [[ -z "${FULL:-}" ]] || tiers=(-LE quick)
+# One compute thread per test in the -j2 pool; those that run alone take
+# every core back (specstream_alone, tests/CMakeLists.txt).
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 "${tiers[@]}" ${CTEST_ARGS:-}
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS
 phase_done "ctest (LibTorch 1.13)"
 # The quality benchmark's table (docs/evaluation.md), when it ran.
 for table in "$BUILD"/quality_bench/table.md "$BUILD"/quality_bench_full/table.md; do

@@ -79,6 +79,7 @@ bash tests/k8s/install.sh
 # The lint-labelled checks (clang's lock analysis) read sources, not the
 # LibTorch version, and the vLLM judge of the exports (label interop) an
 # export's bytes: both run once, on 1.13's build.
+# One compute thread per test in the pool, as tests/run.sh runs it.
 # shellcheck disable=SC2086
-ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 "${labels[@]}" ${CTEST_ARGS:-}
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -j2 "${labels[@]}" ${CTEST_ARGS:-}
 echo "torch2.sh: suites ${labels[*]} on LibTorch $VERSION green after $(( $(date +%s) - start )) s"
