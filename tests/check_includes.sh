@@ -6,7 +6,7 @@
 #   the CLI, the coordinator, the daemon helpers and the job schema never
 #   include LibTorch.
 # Prints each violation (file:line, the include, the rule) and exits 1 when
-# there is one. tests/lint.sh runs it, and so does ctest (include_rules).
+# there is one; exits 2 when ROOT lacks a folder a rule names. tests/lint.sh runs it, and so does ctest (include_rules).
 #
 #   tests/check_includes.sh [ROOT]     check ROOT (default: this repository)
 #   tests/check_includes.sh --self-test   plant one violation of each rule in
@@ -32,6 +32,7 @@ if [[ "${1:-}" == "--self-test" ]]; then
   plant services/coordinator/a.cc "torch/torch.h"
   plant common/jobspec/a.cc "torch/torch.h"
   planted=11
+  mkdir -p "$scratch/services/daemon"  # every ruled folder exists
   # What is allowed stays quiet.
   plant common/grpc/ok.cc "grpcpp/grpcpp.h"
   plant services/teacher/ok.cc "teacher/teacher_core.h"
@@ -42,19 +43,32 @@ if [[ "${1:-}" == "--self-test" ]]; then
     echo "check_includes self-test: caught $found of $planted planted violations" >&2
     exit 1
   fi
-  echo "check_includes self-test: caught all $planted planted violations, nothing else"
+  # A root without the ruled folders (a wrong ROOT) fails rather than
+  # passing with nothing checked.
+  mkdir -p "$scratch/empty"
+  if "$0" "$scratch/empty" 2>"$scratch/empty.log" || ! grep -q "has no common/" "$scratch/empty.log"; then
+    cat "$scratch/empty.log" >&2
+    echo "check_includes self-test: a root without the ruled folders passed" >&2
+    exit 1
+  fi
+  echo "check_includes self-test: caught all $planted planted violations, nothing else, and a wrong root"
   exit 0
 fi
 
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 violations=0
+missing=0
 
 # rule FOLDER PATTERN WHY [SKIP]: no source under FOLDER (but under
 # FOLDER/SKIP) includes a path matching PATTERN (an extended regex anchored
 # at the start of the include's path).
 rule() {
   local folder=$1 pattern=$2 why=$3 skip=${4:-}
-  [[ -d "$root/$folder" ]] || return 0
+  if [[ ! -d "$root/$folder" ]]; then
+    echo "check_includes: $root has no $folder/ (not this repository's root?)" >&2
+    missing=$((missing + 1))
+    return 0
+  fi
   local hit
   while IFS= read -r hit; do
     [[ -n "$skip" && "$hit" == "$folder/$skip/"* ]] && continue
@@ -76,6 +90,10 @@ for folder in services/cli services/coordinator services/daemon common/jobspec; 
   rule "$folder" "$torch" "$folder never includes LibTorch or the libraries that link it"
 done
 
+if ((missing > 0)); then
+  echo "check_includes: $missing ruled folder(s) missing under $root; nothing was checked there" >&2
+  exit 2
+fi
 if ((violations > 0)); then
   echo "check_includes: $violations include(s) break the rules of DESIGN.md §2" >&2
   exit 1

@@ -49,6 +49,14 @@ else
     git grep -lE "$annotated" -- '*.h' '*.cc' | sed -E 's/\.h$/.cc/' | sort -u |
       while read -r f; do [[ -f "$f" ]] && echo "$f"; done)
 fi
+# Nothing to analyse means a wrong tree or a broken search, not a pass.
+if ((${#sources[@]} == 0)); then
+  echo "thread_safety: no annotated translation unit found; nothing would be checked" >&2
+  exit 1
+fi
+for f in "${sources[@]}"; do
+  [[ -f "$f" ]] || { echo "thread_safety: $f: no such file" >&2; exit 1; }
+done
 echo "thread_safety: ${#sources[@]} translation units"
 # clang-tidy refuses to run with compiler diagnostics alone, so one check that
 # never fires here (setjmp/longjmp) rides along.
