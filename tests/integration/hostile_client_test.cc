@@ -352,9 +352,9 @@ TEST_F(HostileClientTest, AQueueFloodIsBoundedByOneTeacherWideBudget) {
 // admits 47 of them (48 streams per address here, the student's
 // included) and refuses the rest RESOURCE_EXHAUSTED naming the limit, so it
 // holds at most 48 streams' samples and payload threads. The target is
-// slow (20 ms a forward, one sample each); the streams take turns at it, so
+// slow (10 ms a forward, one sample each); the streams take turns at it, so
 // the student's next sample waits behind at most one sample of each flood
-// stream, not their 376 (7.5 s first-come-first-served), and comes within
+// stream, not their 376 (3.8 s first-come-first-served), and comes within
 // 2 s.
 TEST_F(HostileClientTest, NonReadingStreamsAreCappedAndDoNotStarveAnAdmittedStudent) {
   constexpr int kFlood = 200;
@@ -384,7 +384,7 @@ TEST_F(HostileClientTest, NonReadingStreamsAreCappedAndDoNotStarveAnAdmittedStud
   ASSERT_TRUE(student->Write(open) && student->Read(&response) && response.has_opened());
 
   runtime_.Hold();  // the flood's samples all queue before any is computed
-  runtime_.set_forward_delay(absl::Milliseconds(20));
+  runtime_.set_forward_delay(absl::Milliseconds(10));
   struct Flood {
     bool opened = false;
     grpc::Status status;
