@@ -15,11 +15,11 @@
 // max_queued_requests of them and max_queued_request_bytes, each charged to
 // the teacher's QueueBudget (shared by every stream) while it waits: one
 // either bound cannot take is answered SampleError RESOURCE_EXHAUSTED, and
-// the stream goes on. A request
-// submitted at once (it has a credit, and nothing waits ahead of it) is not
-// charged. Charges are released when a request is submitted, and every
-// waiting one when the stream drains, ends or finishes. Refusals wait to be
-// written too: at most max_queued_requests of them, or the stream ends.
+// the stream goes on. A request submitted at once (it has a credit, and
+// nothing waits ahead of it) is not charged. Charges are released when a
+// request is submitted, and every waiting one when the stream drains, ends
+// or finishes. Refusals wait to be written too: at most
+// max_queued_requests of them, or the stream ends.
 //
 // Threads: the call's callbacks (OnRequest, OnReadsDone, OnWriteDone,
 // OnCancel, OnDone), the compute thread (Deliver), the teacher core (Drain)

@@ -217,7 +217,8 @@ absl::Status TeacherCore::CountStream(StreamSession* session) {
     // starts nothing either).
     if (!sessions_.contains(session)) return absl::OkStatus();
     const std::string host = PeerLimiter::PeerHost(session->peer());
-    int& from_host = admitted_per_host_[host];
+    auto it = admitted_per_host_.find(host);
+    const int from_host = it == admitted_per_host_.end() ? 0 : it->second;
     if (static_cast<int64_t>(admitted_.size()) >= options_.max_streams) {
       over = absl::ResourceExhaustedError(
           absl::StrFormat("the teacher has %d streams open, its limit (serve --max-streams); "
@@ -230,10 +231,9 @@ absl::Status TeacherCore::CountStream(StreamSession* session) {
                           host, options_.max_streams_per_peer));
     } else {
       admitted_.insert(session);
-      ++from_host;
+      ++admitted_per_host_[host];
       return absl::OkStatus();
     }
-    if (from_host == 0) admitted_per_host_.erase(host);
   }
   absl::MutexLock lock(&stats_mu_);
   ++stats_.streams_refused_over_limit;

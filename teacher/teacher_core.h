@@ -61,15 +61,16 @@ struct TeacherServiceOptions {
   // 256 MiB holds about 31,000 waiting 2k-token requests.
   int64_t max_queued_request_bytes = int64_t{256} << 20;
   // The same bound for one stream's waiting requests (> 0, counted the same
-  // way; max_queued_request_bytes when that is less): one stream with no credit
-  // cannot take the whole teacher-wide budget. 16 MiB holds about 2,000
+  // way; max_queued_request_bytes when that is less): one stream with no
+  // credit cannot take the whole teacher-wide budget. 16 MiB holds about 2,000
   // waiting 2k-token requests, far more than any credit window.
   int64_t max_queued_request_bytes_per_stream = int64_t{16} << 20;
   // Streams open at once (>= 1), and from one address (>= 1); one more is
   // refused RESOURCE_EXHAUSTED once its token is admitted (calls still
-  // being authorized have their own per-peer limit, peer_limits). Each open stream holds at most
-  // max_samples_per_stream computed samples, its waiting requests and one payload thread, so these
-  // bound what clients that open streams and never read can make the teacher hold.
+  // being authorized have their own per-peer limit, peer_limits). Each open
+  // stream holds at most max_samples_per_stream computed samples, its
+  // waiting requests and one payload thread, so these bound what clients
+  // that open streams and never read can make the teacher hold.
   int max_streams = 512;
   int max_streams_per_peer = 64;
   // How long a shm stream waits for the student to release ring space before

@@ -6,7 +6,8 @@
 #   the CLI, the coordinator, the daemon helpers and the job schema never
 #   include LibTorch.
 # Prints each violation (file:line, the include, the rule) and exits 1 when
-# there is one; exits 2 when ROOT lacks a folder a rule names. tests/lint.sh runs it, and so does ctest (include_rules).
+# there is one; exits 2 when ROOT lacks a folder a rule names. tests/lint.sh
+# runs it, and so does ctest (include_rules).
 #
 #   tests/check_includes.sh [ROOT]     check ROOT (default: this repository)
 #   tests/check_includes.sh --self-test   plant one violation of each rule in
@@ -46,12 +47,14 @@ if [[ "${1:-}" == "--self-test" ]]; then
   # A root without the ruled folders (a wrong ROOT) fails rather than
   # passing with nothing checked.
   mkdir -p "$scratch/empty"
-  if "$0" "$scratch/empty" 2>"$scratch/empty.log" || ! grep -q "has no common/" "$scratch/empty.log"; then
+  if "$0" "$scratch/empty" 2>"$scratch/empty.log" ||
+    ! grep -q "has no common/" "$scratch/empty.log"; then
     cat "$scratch/empty.log" >&2
     echo "check_includes self-test: a root without the ruled folders passed" >&2
     exit 1
   fi
-  echo "check_includes self-test: caught all $planted planted violations, nothing else, and a wrong root"
+  echo "check_includes self-test: caught all $planted planted violations, nothing else," \
+    "and a wrong root"
   exit 0
 fi
 
