@@ -507,8 +507,7 @@ absl::StatusOr<BlockOutputs> BlockDraft::Forward(const DraftBatch& batch,
                 ? torch::zeros({b, local.size(1), H}, batch.last_hidden.options().dtype(ft))
                 : torch::where(mine, rows_at(local.clamp(0, shard_len - 1)).to(ft),
                                torch::zeros({}, batch.last_hidden.options().dtype(ft)));
-        const absl::Status summed = AllReduceSum(*cp_group, all_rows);
-        TORCH_CHECK(summed.ok(), "block draft forward: ", summed.ToString());
+        ThrowIfError(Annotate(AllReduceSum(*cp_group, all_rows), "block draft forward"));
         teacher_rows = all_rows.narrow(1, cp_group->getRank() * m, m);
       }
     }

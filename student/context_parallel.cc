@@ -8,7 +8,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/torch/process_group.h"
+#include "common/torch/tensor_util.h"
 #include "student/blockwise_attention.h"
 #include "student/ring_hop.h"
 #include "student/ttt_attention.h"
@@ -68,7 +70,7 @@ class SequenceAllGatherFunction final
     split.insert(split.begin() + 1, group.getSize());
     torch::Tensor parts = grad.reshape(split).transpose(0, 1).contiguous();
     absl::StatusOr<torch::Tensor> mine = ReduceScatterSum(group, parts.flatten(0, 1));
-    TORCH_CHECK(mine.ok(), "SequenceAllGather backward: ", mine.status().ToString());
+    ThrowIfError(Annotate(mine.status(), "SequenceAllGather backward"));
     return {mine->view(parts.sizes().slice(1)), torch::Tensor()};
   }
 };
@@ -469,7 +471,8 @@ absl::Status ValidateCpLayout(const CpLayout& layout, int64_t q_heads, int64_t k
 
 absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
                                         const c10::intrusive_ptr<c10d::Store>& store,
-                                        const std::string& host, std::chrono::milliseconds timeout,
+                                        const std::string& host,
+                                        std::chrono::milliseconds join_timeout,
                                         torch::Device device) {
   CpGroups groups;
   if (layout.cp_size == 1) return groups;
@@ -480,7 +483,7 @@ absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
     options.rank = rank;
     options.world_size = size;
     options.local_addr = host;
-    options.timeout = timeout;
+    options.join_timeout = join_timeout;
     return CreateDeviceGroup(options, c10::make_intrusive<c10d::PrefixStore>(prefix, store),
                              device);
   };

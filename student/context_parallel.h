@@ -155,10 +155,13 @@ struct CpGroups {
 // rendezvous store, for tensors on `device` (Gloo on CPU, NCCL on CUDA:
 // CreateDeviceGroup). Collective: every world rank must call it with the
 // same layout. `host` is this rank's own address, which the groups bind
-// for their connections (ResolveLocalAddress).
+// for their connections (ResolveLocalAddress). `join_timeout` bounds every
+// member's arrival (a training job's parallel.rendezvous_timeout_s, as for
+// the world group); collectives then take kCollectiveTimeout.
 absl::StatusOr<CpGroups> CreateCpGroups(const CpLayout& layout,
                                         const c10::intrusive_ptr<c10d::Store>& store,
-                                        const std::string& host, std::chrono::milliseconds timeout,
+                                        const std::string& host,
+                                        std::chrono::milliseconds join_timeout,
                                         torch::Device device = torch::kCPU);
 
 // ---------------------------------------------------------------------------

@@ -92,8 +92,7 @@ absl::StatusOr<const DraftType*> FindDraftType(const std::string& name) {
                                                  "\" (known: ", KnownTypes(), ")"));
 }
 
-absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path,
-                                           const RestoreOptions& options) {
+absl::StatusOr<RestoredDraft> RestoreDraft(const std::string& path, const RestoreOptions& options) {
   RestoreInput in;
   in.target_dir = options.target_dir;
   in.need_full_lm_head = options.need_full_lm_head;
@@ -182,10 +181,13 @@ absl::StatusOr<DraftMetrics> Evaluate(TrainableDraft& draft, SampleSource& sourc
   MetricSums totals;
   for (int64_t i = 0; i < source.size(); ++i) {
     ASSIGN_OR_RETURN(TrainingSample s, source.Get(i));
-    DraftBatch batch = Collate({s}, options.max_length);
+    DraftBatch batch;
+    RETURN_IF_ERROR(CatchTorch(absl::StrCat("eval: sample ", i),
+                               [&] { batch = Collate({s}, options.max_length); }));
     ASSIGN_OR_RETURN(std::unique_ptr<StepPlan> plan,
                      draft.Plan(batch, {i}, options.seed, 0, CpLayout{}));
-    batch = ToDevice(std::move(batch), draft.device());
+    RETURN_IF_ERROR(CatchTorch(absl::StrCat("eval: sample ", i, " to ", draft.device().str()),
+                               [&] { batch = ToDevice(std::move(batch), draft.device()); }));
     ASSIGN_OR_RETURN(torch::Tensor normaliser, draft.LossNormaliser(batch, *plan));
     ASSIGN_OR_RETURN(DraftStep step,
                      draft.Forward(batch, *plan, normaliser, options.dtype, CpGroups{}));

@@ -54,6 +54,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/jobspec/job_spec.h"
 #include "common/transport/payload_channel.h"
 #include "student/data_source.h"
 #include "student/teacher_connection.h"
@@ -65,8 +66,9 @@ struct OnlineSourceOptions {
   std::vector<std::string> teachers;  // "host:port" of each teacher daemon
   // How this rank reaches them (required; shared by the ranks of a process).
   std::shared_ptr<TeacherConnector> connector;
-  int rank = 0;           // trainer rank (spreads ranks over teachers; ledger name)
-  int64_t in_flight = 8;  // samples outstanding per teacher stream (credits)
+  int rank = 0;  // trainer rank (spreads ranks over teachers; ledger name)
+  int64_t in_flight =
+      jobspec::kDefaultInFlight;  // samples outstanding per teacher stream (credits)
   // The target layers whose outputs each sample's aux_hidden holds,
   // concatenated in this order (id k = output of layer k): ascending,
   // distinct, each in [0, num_layers), any number of them (a DFlash / DSpark

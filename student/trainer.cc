@@ -47,7 +47,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
   c.max_length = spec.data().max_length();
   c.tokenized = spec.data().tokenized();
   c.teachers.assign(spec.data().teachers().begin(), spec.data().teachers().end());
-  c.in_flight = spec.data().in_flight() > 0 ? spec.data().in_flight() : 8;
+  c.in_flight = spec.data().in_flight() > 0 ? spec.data().in_flight() : jobspec::kDefaultInFlight;
   if (spec.data().has_teacher_grace_s()) {
     c.teacher_grace = absl::Seconds(spec.data().teacher_grace_s());
   }
@@ -230,8 +230,8 @@ absl::Status Trainer::Init() {
   RETURN_IF_ERROR(ConnectDeviceGroup());
   // EAGLE-3's attention crosses shards (ring, Ulysses); a block draft's CP
   // group only gathers its context.
-  ASSIGN_OR_RETURN(cp_groups_, CreateCpGroups(layout_, store_, c.local_address,
-                                              std::chrono::minutes(5), device_));
+  ASSIGN_OR_RETURN(cp_groups_,
+                   CreateCpGroups(layout_, store_, c.local_address, c.rendezvous_timeout, device_));
   SS_LOG_INFO("trainer: {}", draft_->Describe());
   return InitTraining();
 }
@@ -293,8 +293,8 @@ absl::Status Trainer::InitTraining() {
   run.steps_per_epoch = steps_per_epoch_;
   run.total_steps = total_steps_;
   run.schedule = schedule_;
-  state_ = std::make_unique<TrainState>(std::move(run), parameters(), draft_->Record(),
-                                        *optimizer_, group_);
+  state_ = std::make_unique<TrainState>(std::move(run), parameters(), draft_->Record(), *optimizer_,
+                                        group_);
   if (c.resume) {
     ASSIGN_OR_RETURN(step_, state_->Resume());
   }
@@ -499,8 +499,8 @@ bool Trainer::RecordsMetrics(int64_t step) const {
   return config_.log_every <= 0 || step % config_.log_every == 0 || step == total_steps_;
 }
 
-absl::StatusOr<StepMetrics> Trainer::ReadMetrics(MetricSums sums,
-                                                 const torch::Tensor& grad_norm, double lr) {
+absl::StatusOr<StepMetrics> Trainer::ReadMetrics(MetricSums sums, const torch::Tensor& grad_norm,
+                                                 double lr) {
   // This record's tokens (all ranks) ride along in the one all-reduce.
   constexpr char kTokens[] = "trainer.tokens";
   RETURN_IF_ERROR(CatchTorch("metrics", [&] {

@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/hf_config.h"
+#include "common/jobspec/job_spec.h"
 #include "common/torch/compat.h"
 #include "common/transport/payload_channel.h"
 #include "specstream/v1/job.pb.h"
@@ -63,7 +64,7 @@ struct TrainerConfig {
   // the teacher daemons computing their hidden states.
   std::string tokenized;
   std::vector<std::string> teachers;
-  int64_t in_flight = 8;  // samples outstanding per teacher stream
+  int64_t in_flight = jobspec::kDefaultInFlight;  // samples outstanding per teacher stream
   // data.teacher_grace_s: how long lost teachers are reconnected to
   // (OnlineSourceOptions::teacher_grace).
   absl::Duration teacher_grace = absl::Seconds(60);

@@ -76,7 +76,7 @@ torch::Tensor HfRuntime::Layer(int64_t i, const torch::Tensor& h_in, const torch
   auto reduce = [&](torch::Tensor& x) {
     if (options_.tp_size > 1) {
       absl::Status s = AllReduceSum(ActivationGroup(), x);
-      if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+      ThrowIfError(s);
     }
   };
   torch::Tensor x = nn::RmsNorm(h_in, l.input_norm, eps);

@@ -126,7 +126,7 @@ torch::Tensor SglangRuntime::SparseMlp(const Layer& l, const torch::Tensor& x) {
         moe::Route(rows, l.router, c.num_experts_per_tok, c.norm_topk_prob);
     absl::StatusOr<torch::Tensor> combined =
         moe::DispatchCombine(rows, routing, l.experts, layout, ActivationGroup());
-    if (!combined.ok()) throw std::runtime_error(std::string(combined.status().message()));
+    ThrowIfError(combined.status());
     out = torch::zeros_like(x);
     out.narrow(0, chunk.begin, chunk.size).copy_(*combined);
   }
@@ -153,7 +153,7 @@ absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
     auto reduce = [&](torch::Tensor& x) {
       if (options_.tp_size > 1) {
         absl::Status s = AllReduceSum(ActivationGroup(), x);
-        if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+        ThrowIfError(s);
       }
     };
 

@@ -236,7 +236,7 @@ absl::Status ValidateData(v1::DataSpec& data) {
                       absl::StrCat("\"", data.transport(), "\" is not auto, inline, shm or nccl"));
   }
   RETURN_IF_ERROR(RequireAtMost(data.in_flight(), kMaxInFlight, "data.in_flight"));
-  if (data.in_flight() == 0) data.set_in_flight(8);
+  if (data.in_flight() == 0) data.set_in_flight(kDefaultInFlight);
   if (!data.has_teacher_grace_s()) data.set_teacher_grace_s(kDefaultTeacherGraceSeconds);
   if (!(data.teacher_grace_s() >= 0) || data.teacher_grace_s() > kMaxTeacherGraceSeconds) {
     return FieldError("data.teacher_grace_s",

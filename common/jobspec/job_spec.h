@@ -45,6 +45,9 @@ inline constexpr int64_t kMaxWorldSize = 65536;
 // Upper bounds of counts that are narrowed on the way (stream credits, the
 // job store's 32-bit columns, the checkpoint manager's int).
 inline constexpr int64_t kMaxInFlight = 65536;
+// data.in_flight's default: samples outstanding per teacher stream (the
+// credits a student grants), for a job and for a trainer built in code.
+inline constexpr int64_t kDefaultInFlight = 8;
 // data.teacher_grace_s: how long lost teachers are reconnected to.
 inline constexpr double kDefaultTeacherGraceSeconds = 60;
 inline constexpr double kMaxTeacherGraceSeconds = 86400;
@@ -95,9 +98,9 @@ absl::StatusOr<specstream::v1::JobSpec> LoadJobSpec(const std::string& path);
 // model.draft.type selects the rules: eagle3 (the default) fills
 // training.ttt_steps, refuses the block-draft fields and fc_norm together
 // with norm_before_fc; dflash and dspark fill their own defaults and refuse
-// EAGLE-3's vocabulary fields, ttt_steps and EAGLE 3.1's flags. What needs the target (model.draft.target_layer_ids when
-// empty, model.draft.mask_token_id when unset) is left for the student to
-// resolve at start with common/block_draft.h.
+// EAGLE-3's vocabulary fields, ttt_steps and EAGLE 3.1's flags. What needs the target
+// (model.draft.target_layer_ids when empty, model.draft.mask_token_id when unset) is left for the
+// student to resolve at start with common/block_draft.h.
 absl::Status ValidateJobSpec(specstream::v1::JobSpec& spec);
 
 // A training.device value: "auto", "cpu", "cuda" or "cuda:N" (N digits).

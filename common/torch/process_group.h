@@ -28,6 +28,10 @@
 
 namespace specstream {
 
+// How long a collective or a store operation may wait on the other ranks
+// once a group is up (a rank that stopped answering fails the job then).
+inline constexpr std::chrono::minutes kCollectiveTimeout{5};
+
 struct RendezvousOptions {
   int rank = 0;
   int world_size = 1;
@@ -41,7 +45,7 @@ struct RendezvousOptions {
   // rendezvous_timeout_s for training jobs).
   std::chrono::milliseconds join_timeout{std::chrono::minutes(2)};
   // Collectives and store operations once the group is up.
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds timeout{kCollectiveTimeout};
 };
 
 // The address this rank's Gloo device binds (see the file comment).

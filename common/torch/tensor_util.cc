@@ -124,6 +124,8 @@ absl::Status CatchTorch(const std::string& context, const std::function<void()>&
   try {
     fn();
     return absl::OkStatus();
+  } catch (const StatusError& e) {
+    return Annotate(e.status(), context);
   } catch (const c10::ValueError& e) {
     return absl::InvalidArgumentError(absl::StrCat(context, ": ", e.what_without_backtrace()));
   } catch (const c10::IndexError& e) {

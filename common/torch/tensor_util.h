@@ -52,8 +52,29 @@ TensorView ViewOf(std::string name, const torch::Tensor& t);
 absl::Status AddTensor(SafetensorsWriter& writer, const std::string& name,
                        const torch::Tensor& tensor);
 
-// Runs `fn`, converting a thrown c10::Error / std::exception into Internal
-// (InvalidArgument for c10::ValueError / IndexError) with `context`.
+// A Status carried through code that can only throw: a LibTorch autograd
+// function, or a lambda deep in a forward. CatchTorch gives it back with its
+// code (a collective's UNAVAILABLE stays UNAVAILABLE, not INTERNAL).
+class StatusError : public std::exception {
+ public:
+  explicit StatusError(absl::Status status)
+      : status_(std::move(status)), what_(status_.ToString()) {}
+  const absl::Status& status() const { return status_; }
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  absl::Status status_;
+  std::string what_;
+};
+
+// Throws StatusError(status) unless it is OK.
+inline void ThrowIfError(absl::Status status) {
+  if (!status.ok()) throw StatusError(std::move(status));
+}
+
+// Runs `fn`, converting what it throws into a Status with `context`: a
+// StatusError's own (code kept), InvalidArgument for c10::ValueError /
+// IndexError, Internal for any other c10::Error / std::exception.
 absl::Status CatchTorch(const std::string& context, const std::function<void()>& fn);
 
 // Process-wide: keeps freed tensor memory in the malloc heap instead of
