@@ -233,6 +233,57 @@ absl::StatusOr<TokenizedSample> TokenizeRendered(const Tokenizer& tokenizer,
   return sample;
 }
 
+absl::StatusOr<std::vector<int32_t>> PromptIds(const ChatTemplate& chat, const Tokenizer& tokenizer,
+                                               const std::string& text) {
+  // The assistant turn's trained span starts where the answer goes.
+  ASSIGN_OR_RETURN(RenderedText rendered,
+                   chat.Render({{"user", text, ""}, {"assistant", "x", ""}}));
+  if (rendered.trained_spans.empty()) {
+    return absl::InternalError(
+        absl::StrCat("the chat template ", chat.name(), " marked no assistant span"));
+  }
+  return tokenizer.EncodeIds(rendered.text.substr(0, rendered.trained_spans[0].first));
+}
+
+absl::StatusOr<PromptRecord> PromptFromRecord(const nlohmann::json& record,
+                                              const RecordOptions& options) {
+  if (!record.is_object()) return absl::InvalidArgumentError("record must be a JSON object");
+  for (const char* answered : {"loss_mask", "conversations", "messages"}) {
+    if (record.contains(answered)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", answered,
+                       "\": a record to regenerate is a prompt, {\"prompt\": text} or "
+                       "{\"input_ids\": prompt ids}; this one already holds an answer"));
+    }
+  }
+  PromptRecord prompt;
+  if (record.contains("id")) {
+    if (!record["id"].is_number_integer()) {
+      return absl::InvalidArgumentError("\"id\" must be an integer");
+    }
+    prompt.id = record["id"].get<int64_t>();
+  }
+  if (record.contains("input_ids")) {
+    if (record.contains("prompt")) {
+      return absl::InvalidArgumentError("\"prompt\" and \"input_ids\": give one of them");
+    }
+    ASSIGN_OR_RETURN(TokenizedSample sample, SampleFromRecord(record, options));
+    prompt.ids = std::move(sample.input_ids);
+    return prompt;
+  }
+  if (!record.contains("prompt") || !record["prompt"].is_string()) {
+    return absl::InvalidArgumentError(
+        "a record to regenerate needs \"prompt\" (a string) or \"input_ids\"");
+  }
+  if (options.tokenizer == nullptr || options.chat_template == nullptr) {
+    return absl::InvalidArgumentError("\"prompt\" records need a tokenizer and a chat template");
+  }
+  ASSIGN_OR_RETURN(prompt.ids, PromptIds(*options.chat_template, *options.tokenizer,
+                                         record["prompt"].get<std::string>()));
+  if (prompt.ids.empty()) return absl::InvalidArgumentError("\"prompt\" renders to no tokens");
+  return prompt;
+}
+
 absl::StatusOr<TokenizedSample> SampleFromRecord(const nlohmann::json& record,
                                                  const RecordOptions& options) {
   if (!record.is_object()) return absl::InvalidArgumentError("record must be a JSON object");

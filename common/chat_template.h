@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,6 +75,24 @@ struct RecordOptions {
 // Errors name the field and the reason.
 absl::StatusOr<TokenizedSample> SampleFromRecord(const nlohmann::json& record,
                                                  const RecordOptions& options);
+
+// The ids of a prompt to answer: `text` as a user turn, then the template's
+// assistant header, where the answer starts. What `specstream-eval generate`
+// and `specstream-teacher dump --regenerate` decode after.
+absl::StatusOr<std::vector<int32_t>> PromptIds(const ChatTemplate& chat, const Tokenizer& tokenizer,
+                                               const std::string& text);
+
+// A record to answer (dump --regenerate): {"prompt": text} (PromptIds: needs
+// the tokenizer and the template) or {"input_ids": the prompt's ids, ending
+// where the answer starts}, either with an optional integer "id" (the
+// sampling seed's offset). A record that already holds an answer
+// ("loss_mask", "conversations", "messages") is refused, naming the field.
+struct PromptRecord {
+  std::vector<int32_t> ids;
+  std::optional<int64_t> id;
+};
+absl::StatusOr<PromptRecord> PromptFromRecord(const nlohmann::json& record,
+                                              const RecordOptions& options);
 
 // Tokenizes `rendered.text` and builds the loss mask from its trained spans.
 absl::StatusOr<TokenizedSample> TokenizeRendered(const Tokenizer& tokenizer,

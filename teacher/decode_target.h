@@ -1,7 +1,7 @@
 // The hf runtime as the target of in-process speculative decoding
 // (common/torch/speculative.h): one sequence at a time on a KV cache, each
 // forward returning the new rows' full-vocab logits and the captures the
-// draft reads.
+// draft reads; and the target answering prompts on its own (TargetAnswers).
 #ifndef SPECSTREAM_TEACHER_DECODE_TARGET_H_
 #define SPECSTREAM_TEACHER_DECODE_TARGET_H_
 
@@ -9,6 +9,10 @@
 
 #include "common/torch/speculative.h"
 #include "teacher/hf_runtime.h"
+
+namespace specstream {
+class Tokenizer;
+}  // namespace specstream
 
 namespace specstream::teacher {
 
@@ -19,7 +23,7 @@ class DecodeTarget final : public spec::Target {
   DecodeTarget(HfRuntime& runtime, std::vector<int> capture_layer_ids)
       : runtime_(runtime), captures_(std::move(capture_layer_ids)) {}
 
-  absl::StatusOr<Rows> Extend(const std::vector<int32_t>& ids) override;
+  absl::StatusOr<Rows> Extend(const std::vector<int32_t>& ids, int64_t logit_rows) override;
   void Truncate(int64_t length) override { cache_.Truncate(length); }
   void Reset() override { cache_.Truncate(0); }
 
@@ -27,6 +31,29 @@ class DecodeTarget final : public spec::Target {
   HfRuntime& runtime_;
   std::vector<int> captures_;
   KvCache cache_;
+};
+
+// The ids that end an answer: the model's eos ids, and the tokenizer's
+// end-of-turn tokens (<|im_end|>, <|eot_id|>, <|endoftext|>) where it has
+// them (`tokenizer` may be null).
+std::vector<int32_t> StopIds(const HfModelConfig& config, const Tokenizer* tokenizer);
+
+// The target answering prompts itself: target-only decoding on its KV cache
+// (spec::Decode with no draft), at most `options.max_new_tokens` tokens,
+// ending after a stop id. What `specstream-eval generate` writes and
+// `specstream-teacher dump --regenerate` trains on. Deterministic: the
+// answer to prompt `id` is sampled with seed `options.seed + id`, so asking
+// again gives the same answer. The runtime must outlive this.
+class TargetAnswers {
+ public:
+  TargetAnswers(HfRuntime& runtime, spec::DecodeOptions options)
+      : target_(runtime, {}), options_(std::move(options)) {}
+  absl::StatusOr<spec::DecodeResult> Answer(const std::vector<int32_t>& prompt, int64_t id);
+  const spec::DecodeOptions& options() const { return options_; }
+
+ private:
+  DecodeTarget target_;
+  spec::DecodeOptions options_;
 };
 
 }  // namespace specstream::teacher

@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "common/torch/tensor_util.h"
+#include "teacher/decode_target.h"
 #include "teacher/sample_tensors.h"
 
 namespace specstream::teacher {
@@ -31,6 +32,33 @@ int64_t CountRecords(const std::string& path) {
     if (line.find_first_not_of(" \t\r") != std::string::npos) ++n;
   }
   return n;
+}
+
+// A prompt record's sample: the prompt (loss 0), then the target's answer
+// (loss 1), at most options.max_length tokens.
+absl::StatusOr<TokenizedSample> Regenerate(const nlohmann::json& record, int64_t index,
+                                           const RecordOptions& options, TargetAnswers& answers) {
+  ASSIGN_OR_RETURN(PromptRecord prompt, PromptFromRecord(record, options));
+  const int64_t length = static_cast<int64_t>(prompt.ids.size());
+  if (options.max_length > 0 && length >= options.max_length) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt's ", length,
+                                                   " tokens leave no room for an answer under "
+                                                   "--max-length ",
+                                                   options.max_length));
+  }
+  ASSIGN_OR_RETURN(spec::DecodeResult answer,
+                   answers.Answer(prompt.ids, prompt.id.value_or(index)));
+  TokenizedSample sample;
+  sample.input_ids = std::move(prompt.ids);
+  sample.loss_mask.assign(sample.input_ids.size(), 0);
+  sample.input_ids.insert(sample.input_ids.end(), answer.tokens.begin(), answer.tokens.end());
+  sample.loss_mask.resize(sample.input_ids.size(), 1);
+  if (options.max_length > 0 &&
+      static_cast<int64_t>(sample.input_ids.size()) > options.max_length) {
+    sample.input_ids.resize(options.max_length);
+    sample.loss_mask.resize(options.max_length);
+  }
+  return sample;
 }
 
 }  // namespace
@@ -133,7 +161,12 @@ absl::StatusOr<DumpSummary> RunDump(TargetRuntime& runtime, const DumpOptions& o
           progress.Update(records_seen, tokens_seen);
           return absl::OkStatus();
         }
-        ASSIGN_OR_RETURN(TokenizedSample sample, SampleFromRecord(record, record_options));
+        TokenizedSample sample;
+        if (options.answers != nullptr) {
+          ASSIGN_OR_RETURN(sample, Regenerate(record, id, record_options, *options.answers));
+        } else {
+          ASSIGN_OR_RETURN(sample, SampleFromRecord(record, record_options));
+        }
         const int64_t len = static_cast<int64_t>(sample.input_ids.size());
         // A sequence joins the batch while the padded batch stays in budget.
         const int64_t padded =

@@ -6,7 +6,8 @@
 // sample i. Consecutive records are batched up to `batch_tokens` padded
 // tokens. Re-running with the same inputs resumes: samples already in
 // finished shards are skipped, a partial shard is rewritten, and the store
-// ends byte-identical to an uninterrupted run.
+// ends byte-identical to an uninterrupted run (with --regenerate too: an
+// answer is a function of its prompt, seed and options).
 #ifndef SPECSTREAM_TEACHER_DUMP_H_
 #define SPECSTREAM_TEACHER_DUMP_H_
 
@@ -19,6 +20,8 @@
 
 namespace specstream::teacher {
 
+class TargetAnswers;
+
 struct DumpOptions {
   std::string data;             // JSON lines: conversations or pre-tokenized
   std::string tokenizer_dir;    // needed for conversation records
@@ -30,6 +33,13 @@ struct DumpOptions {
   std::string store_dtype = "bfloat16";  // aux/last hidden: bfloat16 | float32 | float16
   StoreWriterOptions store;
   int progress_terminal = -1;  // see ProgressOptions::terminal
+  // Regeneration (--regenerate) when set: each record is a prompt
+  // (PromptFromRecord: {"prompt": text} or {"input_ids": prompt ids}), the
+  // target writes its answer (TargetAnswers, seeded by the record's "id",
+  // else by its index), and the sample is the prompt (not trained) then the
+  // answer (trained), cut at max_length. Greedy, it is what `specstream-eval
+  // generate` writes for the same prompt, token for token.
+  TargetAnswers* answers = nullptr;
 };
 
 struct DumpSummary {

@@ -53,6 +53,11 @@ void DecodeStats::Add(const DecodeStats& o) {
   draft_tokens += o.draft_tokens;
   seconds += o.seconds;
   draft_seconds += o.draft_seconds;
+  prefill_seconds += o.prefill_seconds;
+  step_seconds += o.step_seconds;
+  verify_seconds += o.verify_seconds;
+  steps += o.steps;
+  verify_rows += o.verify_rows;
   const size_t k = std::max(reached.size(), o.reached.size());
   reached.resize(k, 0);
   proposed.resize(k, 0);
@@ -91,12 +96,17 @@ absl::StatusOr<DecodeResult> Decode(Target& target, Draft* draft,
 
   target.Reset();
   std::vector<int32_t> ids = prompt;
-  ASSIGN_OR_RETURN(Target::Rows rows, target.Extend(prompt));
+  const auto since = [](std::chrono::steady_clock::time_point begin) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  };
+  auto forward_start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(Target::Rows rows, target.Extend(prompt, /*logit_rows=*/1));
+  stats.prefill_seconds += since(forward_start);
   ++stats.forwards;
   torch::Tensor aux = rows.aux_hidden;
   int64_t kept = static_cast<int64_t>(prompt.size());  // positions the target holds
   std::vector<int32_t>& out = result.tokens;
-  int32_t next = target_pick(rows.logits[rows.logits.size(0) - 1]);
+  int32_t next = target_pick(rows.logits[0]);
 
   while (true) {
     ids.push_back(next);
@@ -109,14 +119,21 @@ absl::StatusOr<DecodeResult> Decode(Target& target, Draft* draft,
       chooser.Clear();
       const auto proposing = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(draft->Propose(ids, aux, std::min(k_max, remaining - 1), chooser, &proposal));
-      stats.draft_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - proposing).count();
+      stats.draft_seconds += since(proposing);
     }
     std::vector<int32_t> run = {next};
     run.insert(run.end(), proposal.begin(), proposal.end());
-    ASSIGN_OR_RETURN(rows, target.Extend(run));
+    forward_start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(rows, target.Extend(run, static_cast<int64_t>(run.size())));
     ++stats.forwards;
     const int64_t k = static_cast<int64_t>(proposal.size());
+    if (k > 0) {
+      stats.verify_seconds += since(forward_start);
+      stats.verify_rows += 1 + k;
+    } else {
+      stats.step_seconds += since(forward_start);
+      ++stats.steps;
+    }
     int64_t accepted = 0;
     std::vector<int32_t> committed;
     bool stopped = false;

@@ -21,11 +21,15 @@
 
 namespace specstream::spec {
 
-// The target of one sequence at a time, incrementally: Extend runs `ids`
-// after the positions kept so far and returns each new row's full-vocab
-// next-token logits (float32 [n, V], on the host) and its captures for the
-// draft (aux_hidden [n, ·]); Truncate keeps the first `length` positions
-// (the rest were rejected); Reset starts a new sequence.
+// The target of one sequence at a time, incrementally: Extend runs the n
+// `ids` after the positions kept so far and returns the full-vocab
+// next-token logits of the last `logit_rows` of them (float32
+// [logit_rows, V], on the host; 1 <= logit_rows <= n) and the captures of
+// all n for the draft (aux_hidden [n, ·]). A prompt's prefill needs one row
+// of logits, a verification all of them: the vocab-wide projection of the
+// rest is waste (SmolLM2: 57 MFLOP a row against 214 for its layers).
+// Truncate keeps the first `length` positions (the rest were rejected);
+// Reset starts a new sequence.
 class Target {
  public:
   struct Rows {
@@ -33,7 +37,7 @@ class Target {
     torch::Tensor aux_hidden;
   };
   virtual ~Target() = default;
-  virtual absl::StatusOr<Rows> Extend(const std::vector<int32_t>& ids) = 0;
+  virtual absl::StatusOr<Rows> Extend(const std::vector<int32_t>& ids, int64_t logit_rows) = 0;
   virtual void Truncate(int64_t length) = 0;
   virtual void Reset() = 0;
 };
@@ -101,6 +105,12 @@ struct DecodeStats {
   std::vector<int64_t> reached, proposed;
   double seconds = 0;        // the whole decode
   double draft_seconds = 0;  // of which proposing
+  // The target's forwards (Extend, logits included) by kind: the prompts'
+  // prefills; one-row steps (target-only decoding, or a round with no
+  // proposal); verifications of a proposal (verify_rows: their rows, the
+  // proposals plus the token before them).
+  double prefill_seconds = 0, step_seconds = 0, verify_seconds = 0;
+  int64_t steps = 0, verify_rows = 0;
 
   void Add(const DecodeStats& other);
   // Mean tokens committed per verifying forward (bonus included).

@@ -81,14 +81,7 @@ absl::StatusOr<std::vector<Prompt>> ReadPrompts(const std::string& path, const s
     p.id = record["id"].get<int64_t>();
     if (!InSplit(p.id, split)) continue;
     p.text = record["prompt"].get<std::string>();
-    // The assistant turn's trained span starts where the answer goes.
-    ASSIGN_OR_RETURN(RenderedText rendered,
-                     chat.Render({{"user", p.text, ""}, {"assistant", "x", ""}}));
-    if (rendered.trained_spans.empty()) {
-      return absl::InternalError("the chat template marked no assistant span");
-    }
-    ASSIGN_OR_RETURN(p.ids,
-                     tokenizer.EncodeIds(rendered.text.substr(0, rendered.trained_spans[0].first)));
+    ASSIGN_OR_RETURN(p.ids, PromptIds(chat, tokenizer, p.text));
     prompts.push_back(std::move(p));
     if (limit > 0 && static_cast<int64_t>(prompts.size()) >= limit) break;
   }
@@ -116,12 +109,7 @@ absl::StatusOr<TargetSetup> OpenTarget(const std::string& dir, const std::string
   ASSIGN_OR_RETURN(setup.runtime, teacher::HfRuntime::Create(options));
   ASSIGN_OR_RETURN(setup.tokenizer, Tokenizer::FromDirectory(dir));
   ASSIGN_OR_RETURN(setup.chat, FindChatTemplate(template_name));
-  for (int64_t id : setup.runtime->config().eos_token_ids) {
-    setup.stop_ids.push_back(static_cast<int32_t>(id));
-  }
-  for (const char* token : {"<|im_end|>", "<|eot_id|>", "<|endoftext|>"}) {
-    if (auto id = setup.tokenizer->TokenToId(token)) setup.stop_ids.push_back(*id);
-  }
+  setup.stop_ids = teacher::StopIds(setup.runtime->config(), setup.tokenizer.get());
   return setup;
 }
 
@@ -137,17 +125,17 @@ absl::Status Generate(const GenerateFlags& f) {
   ASSIGN_OR_RETURN(TargetSetup setup, OpenTarget(f.target, f.chat_template, f.dtype));
   ASSIGN_OR_RETURN(std::vector<Prompt> prompts,
                    ReadPrompts(f.prompts, f.split, *setup.tokenizer, *setup.chat, f.limit));
-  teacher::DecodeTarget target(*setup.runtime, {});
+  spec::DecodeOptions options;
+  options.max_new_tokens = f.max_new;
+  options.temperature = f.temperature;
+  options.seed = f.seed;
+  options.stop_ids = setup.stop_ids;
+  teacher::TargetAnswers answers(*setup.runtime, options);
   std::string lines;
   int64_t tokens = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const Prompt& p = prompts[i];
-    spec::DecodeOptions options;
-    options.max_new_tokens = f.max_new;
-    options.temperature = f.temperature;
-    options.seed = f.seed + static_cast<uint64_t>(p.id);
-    options.stop_ids = setup.stop_ids;
-    ASSIGN_OR_RETURN(spec::DecodeResult result, spec::Decode(target, nullptr, p.ids, options));
+    ASSIGN_OR_RETURN(spec::DecodeResult result, answers.Answer(p.ids, p.id));
     std::vector<int32_t> ids = p.ids;
     ids.insert(ids.end(), result.tokens.begin(), result.tokens.end());
     std::vector<int> mask(p.ids.size(), 0);
@@ -194,7 +182,7 @@ absl::StatusOr<TeacherForced> ReplayTeacherForced(spec::Target& target, spec::Dr
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), out.begin(), out.end());
   target.Reset();
-  ASSIGN_OR_RETURN(spec::Target::Rows rows, target.Extend(all));
+  ASSIGN_OR_RETURN(spec::Target::Rows rows, target.Extend(all, /*logit_rows=*/1));
   const int64_t p = static_cast<int64_t>(prompt.size()), n = static_cast<int64_t>(out.size());
   const bool stopped = n > 0 && std::find(options.stop_ids.begin(), options.stop_ids.end(),
                                           out.back()) != options.stop_ids.end();
@@ -347,6 +335,13 @@ absl::Status Speculate(const SpeculateFlags& f) {
         accept[i] = s.rounds > 0 ? static_cast<double>(s.reached[i]) / s.rounds : 0.0;
       }
       const double speedup = s.seconds > 0 ? base_stats.seconds / s.seconds : 0.0;
+      // The target's forwards: a verification of 1 + k rows against a
+      // one-row step of target-only decoding (the cost τ must clear).
+      auto per = [](double seconds, int64_t n) { return n > 0 ? 1e3 * seconds / n : 0.0; };
+      const double verify_ms = per(s.verify_seconds, s.rounds);
+      const double step_ms = per(base_stats.step_seconds, base_stats.steps);
+      const double verify_rows = s.rounds > 0 ? static_cast<double>(s.verify_rows) / s.rounds : 0;
+      const double verify_cost = step_ms > 0 ? verify_ms / step_ms : 0;
       nlohmann::json line = {{"draft", entries[e].proposer.type},
                              {"path", entries[e].path},
                              {"untrained", entries[e].untrained},
@@ -365,6 +360,11 @@ absl::Status Speculate(const SpeculateFlags& f) {
                              {"draft_seconds", s.draft_seconds},
                              {"target_only_seconds", base_stats.seconds},
                              {"speedup", speedup},
+                             {"verify_ms", verify_ms},
+                             {"verify_rows", verify_rows},
+                             {"step_ms", step_ms},
+                             {"verify_cost", verify_cost},
+                             {"prefill_ms", per(s.prefill_seconds, s.sequences)},
                              {"per_prompt", tally.per_prompt}};
       std::string accept_text;
       for (double a : accept) absl::StrAppend(&accept_text, absl::StrFormat(" %.2f", a));
@@ -373,10 +373,13 @@ absl::Status Speculate(const SpeculateFlags& f) {
           "  rounds reaching position 1..%d:%s\n"
           "  %d tokens in %d target forwards (target-only: %d; %d saved)\n"
           "  wall clock %.1f s (drafting %.1f s) vs target-only %.1f s: x%.2f (both decode on the "
-          "KV cache)\n",
+          "KV cache)\n"
+          "  target forwards: a verification of %.1f rows %.1f ms against a one-row step %.1f ms: "
+          "x%.2f; a prompt's prefill %.1f ms\n",
           entries[e].label, prompts.size(), t, s.tau(), tally.rounds.stderr_of_mean(), s.rounds, k,
           accept_text, s.new_tokens, s.forwards, base_stats.forwards, s.forwards_saved(), s.seconds,
-          s.draft_seconds, base_stats.seconds, speedup);
+          s.draft_seconds, base_stats.seconds, speedup, verify_rows, verify_ms, step_ms,
+          verify_cost, per(s.prefill_seconds, s.sequences));
       if (t == 0) {
         const double walk_tau =
             tally.walk_rounds > 0 ? static_cast<double>(tally.walk_tokens) / tally.walk_rounds : 0;
@@ -432,7 +435,8 @@ int main(int argc, char** argv) {
   sp_cmd->add_option("--template", sp.chat_template, "Chat template");
   sp_cmd->add_option("--max-new", sp.max_new, "Tokens per answer at most");
   sp_cmd->add_option("--temperatures", sp.temperatures, "Comma-separated, e.g. 0,1");
-  sp_cmd->add_option("--k", sp.chain, "EAGLE-3 / EAGLE 3.1 chain length (block drafts propose their block)");
+  sp_cmd->add_option("--k", sp.chain,
+                     "EAGLE-3 / EAGLE 3.1 chain length (block drafts propose their block)");
   sp_cmd->add_option("--seed", sp.seed, "Sampling seed (plus the prompt id)");
   sp_cmd->add_option("--limit", sp.limit, "First N prompts of the split (0: all)");
   sp_cmd->add_option("--dtype", sp.dtype, "float32 | bfloat16 | auto");

@@ -32,10 +32,12 @@
 #include "common/openmp_wait.h"
 #include "common/shutdown_signal.h"
 #include "common/status.h"
+#include "common/tokenizer.h"
 #include "common/torch/tensor_util.h"
 #include "common/transport/shm_ring.h"
 #include "services/daemon/registration.h"
 #include "services/teacher/teacher_service.h"
+#include "teacher/decode_target.h"
 #include "teacher/dump.h"
 #include "teacher/gguf_import.h"
 #include "teacher/init_random.h"
@@ -152,6 +154,63 @@ struct RuntimeFlags {
     return LaunchRuntime(spec);
   }
 };
+
+// dump --regenerate: the target writes each prompt's answer.
+struct RegenerateFlags {
+  bool on = false;
+  int64_t max_new = 128;
+  double temperature = 0;
+  uint64_t seed = 0;
+
+  // Before the model loads.
+  absl::Status Check(const RuntimeFlags& runtime) const {
+    if (!on) return absl::OkStatus();
+    if (max_new < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--max-new ", max_new, " must be >= 1"));
+    }
+    if (!(temperature >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--temperature ", temperature, " must be >= 0 (0: greedy)"));
+    }
+    if (runtime.runtime != "hf" || runtime.tp > 1 || absl::StrContains(runtime.devices, ",")) {
+      return absl::InvalidArgumentError(
+          "--regenerate decodes on the hf runtime's KV cache on one device: --runtime hf, no --tp, "
+          "one --devices entry");
+    }
+    return absl::OkStatus();
+  }
+};
+
+absl::Status RunDumpCommand(const RuntimeFlags& flags, const RegenerateFlags& regenerate,
+                            DumpOptions dump) {
+  RETURN_IF_ERROR(regenerate.Check(flags));
+  ASSIGN_OR_RETURN(auto launched, flags.Launch());
+  std::unique_ptr<TargetAnswers> answers;
+  if (regenerate.on) {
+    auto* hf = dynamic_cast<HfRuntime*>(&launched->runtime());
+    if (hf == nullptr) return absl::InternalError("--regenerate: the launched runtime is not hf");
+    // The stop ids are those `specstream-eval generate` uses: the model's
+    // eos ids and the end-of-turn tokens of its tokenizer (--tokenizer, else
+    // the model directory's, where it has one).
+    std::unique_ptr<Tokenizer> tokenizer;
+    const std::string tokenizer_dir = dump.tokenizer_dir.empty() ? flags.model : dump.tokenizer_dir;
+    if (!dump.tokenizer_dir.empty() || std::filesystem::exists(flags.model + "/tokenizer.json")) {
+      ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromDirectory(tokenizer_dir));
+    }
+    spec::DecodeOptions options;
+    options.max_new_tokens = regenerate.max_new;
+    options.temperature = regenerate.temperature;
+    options.seed = regenerate.seed;
+    options.stop_ids = StopIds(hf->config(), tokenizer.get());
+    answers = std::make_unique<TargetAnswers>(*hf, std::move(options));
+    dump.answers = answers.get();
+  }
+  absl::StatusOr<DumpSummary> summary = RunDump(launched->runtime(), dump);
+  answers.reset();
+  absl::Status shutdown = launched->Shutdown();
+  RETURN_IF_ERROR(summary.status());
+  return shutdown;
+}
 
 absl::Status RunForward(const RuntimeFlags& flags, const std::string& ids_text) {
   ASSIGN_OR_RETURN(std::vector<int> ids, ParseIntList("--ids", ids_text));
@@ -497,6 +556,15 @@ int main(int argc, char** argv) {
       });
   dump_cmd->add_option("--shard-samples", dump.store.max_shard_samples,
                        "Samples per shard (0: by size only)");
+  RegenerateFlags regenerate;
+  dump_cmd->add_flag("--regenerate", regenerate.on,
+                     "Records are prompts ({\"prompt\": text} or {\"input_ids\": prompt ids}); "
+                     "the target writes the answers it is trained on");
+  dump_cmd->add_option("--max-new", regenerate.max_new, "--regenerate: answer tokens at most");
+  dump_cmd->add_option("--temperature", regenerate.temperature,
+                       "--regenerate: sampling temperature (0: greedy)");
+  dump_cmd->add_option("--seed", regenerate.seed,
+                       "--regenerate: sampling seed (plus the record's id, else its index)");
 
   RuntimeFlags serve_flags;
   ServeFlags serve;
@@ -597,14 +665,7 @@ int main(int argc, char** argv) {
   if (*init_cmd) return ExitCode(WriteRandomCheckpoint(init));
   if (*import_cmd) return ExitCode(specstream::teacher::ImportGguf(import));
   if (*forward_cmd) return ExitCode(RunForward(forward_flags, ids));
-  if (*dump_cmd) {
-    auto launched = dump_flags.Launch();
-    if (!launched.ok()) return ExitCode(launched.status());
-    auto summary = RunDump((*launched)->runtime(), dump);
-    absl::Status shutdown = (*launched)->Shutdown();
-    if (!summary.ok()) return ExitCode(summary.status());
-    return ExitCode(shutdown);
-  }
+  if (*dump_cmd) return ExitCode(RunDumpCommand(dump_flags, regenerate, dump));
   if (*serve_cmd && check_config) {
     absl::StatusOr<std::string> summary = CheckServeConfig(serve_flags, serve);
     if (!summary.ok()) return ExitCode(summary.status());

@@ -219,7 +219,10 @@ for kind in kinds:
     notes.append(f"{kind}: acceptance by position at T=0: " +
                  " ".join(f"{a:.2f}" for a in t0["accept"]) +
                  f"; replayed {t0['replayed_exactly']} of {t0['prompts']} decodes round for round;"
-                 f" drafting {t0['draft_seconds']:.1f} of {t0['seconds']:.1f} s")
+                 f" drafting {t0['draft_seconds']:.1f} of {t0['seconds']:.1f} s; a verifying"
+                 f" forward of {t0['verify_rows']:.1f} rows {t0['verify_ms']:.1f} ms against a"
+                 f" one-row step's {t0['step_ms']:.1f} ms (x{t0['verify_cost']:.2f});"
+                 f" a prompt's prefill {t0['prefill_ms']:.1f} ms")
     for run in (t0, un):
         if run["lossless_equal"] != run["prompts"]:
             failures.append(f"{kind}: {run['prompts'] - run['lossless_equal']} T=0 outputs differ "

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/offline_store.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/testing.h"
@@ -125,6 +126,72 @@ TEST_F(EvalCliTest, GenerateTrainAndSpeculate) {
     }
   }
   EXPECT_EQ(out.size(), 6u);  // three drafts at two temperatures
+}
+
+// `specstream-teacher dump --regenerate` on the prompts writes, sample for
+// sample, what `specstream-eval generate` writes: greedy, and sampled with
+// the same seed (both seed a prompt's answer by seed + its id).
+TEST_F(EvalCliTest, DumpRegenerateWritesWhatGenerateWrites) {
+  for (const std::string temperature : {"0", "1"}) {
+    SCOPED_TRACE(temperature);
+    const std::string sampling = " --max-new 6 --temperature " + temperature + " --seed 5";
+    const std::string answers = "answers-" + temperature + ".jsonl";
+    const std::string store = dir_.Join("regenerated-" + temperature);
+    ASSERT_EQ(
+        Eval("generate --target " + dir_.Join("target") + " --prompts " +
+             dir_.Join("prompts.jsonl") + " --split all --out " + dir_.Join(answers) + sampling),
+        0)
+        << Stderr();
+    ASSERT_EQ(Run(SPECSTREAM_TEACHER_PATH, "dump --model " + dir_.Join("target") + " --data " +
+                                               dir_.Join("prompts.jsonl") + " --tokenizer " +
+                                               dir_.Join("target") + " --template chatml --out " +
+                                               store + " --regenerate" + sampling),
+              0)
+        << Stderr();
+    const std::vector<nlohmann::json> generated = JsonLines(answers);
+    auto reader = StoreReader::Open(store);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    ASSERT_EQ((*reader)->num_samples(), static_cast<int64_t>(generated.size()));
+    int64_t sampled_differently = 0;
+    for (size_t i = 0; i < generated.size(); ++i) {
+      auto views = (*reader)->Get(static_cast<int64_t>(i));
+      ASSERT_TRUE(views.ok()) << views.status();
+      std::vector<int> ids, mask;
+      for (const TensorView& view : *views) {
+        if (view.name == "input_ids") {
+          const auto* p = reinterpret_cast<const int32_t*>(view.data);
+          ids.assign(p, p + view.nbytes / sizeof(int32_t));
+        }
+        if (view.name == "loss_mask") mask.assign(view.data, view.data + view.nbytes);
+      }
+      EXPECT_EQ(ids, generated[i]["input_ids"].get<std::vector<int>>()) << "sample " << i;
+      EXPECT_EQ(mask, generated[i]["loss_mask"].get<std::vector<int>>()) << "sample " << i;
+      if (temperature == "1") {
+        const std::vector<nlohmann::json> greedy = JsonLines("answers-0.jsonl");
+        sampled_differently += greedy[i]["input_ids"] != generated[i]["input_ids"];
+      }
+    }
+    // At T = 1 the answers are samples, not the greedy ones again.
+    if (temperature == "1") {
+      EXPECT_GT(sampled_differently, 0);
+    }
+  }
+}
+
+TEST_F(EvalCliTest, DumpRegenerateRefusesRecordsThatHoldAnAnswer) {
+  ASSERT_EQ(Eval("generate " + Common() + " --split all --out " + dir_.Join("answers.jsonl")), 0)
+      << Stderr();
+  const std::string dump = "dump --model " + dir_.Join("target") + " --out " + dir_.Join("store") +
+                           " --tokenizer " + dir_.Join("target") +
+                           " --template chatml --regenerate --data ";
+  EXPECT_EQ(Run(SPECSTREAM_TEACHER_PATH, dump + dir_.Join("answers.jsonl")), 2);
+  EXPECT_NE(Stderr().find("\"loss_mask\": a record to regenerate is a prompt"), std::string::npos)
+      << Stderr();
+  EXPECT_EQ(Run(SPECSTREAM_TEACHER_PATH, dump + dir_.Join("prompts.jsonl") + " --max-new 0"), 2);
+  EXPECT_NE(Stderr().find("--max-new 0 must be >= 1"), std::string::npos) << Stderr();
+  EXPECT_EQ(Run(SPECSTREAM_TEACHER_PATH, dump + dir_.Join("prompts.jsonl") + " --tp 2"), 2);
+  EXPECT_NE(Stderr().find("--regenerate decodes on the hf runtime's KV cache"), std::string::npos)
+      << Stderr();
 }
 
 TEST_F(EvalCliTest, RefusalsNameTheFlagOrTheLine) {

@@ -168,6 +168,44 @@ TEST_F(ChatTemplateTest, RecordsPretokenizedAndTruncated) {
   EXPECT_EQ(conv->loss_mask.size(), 4u);
 }
 
+// dump --regenerate's records: a prompt to answer, as text or ids; one that
+// already holds an answer is refused, naming the field.
+TEST_F(ChatTemplateTest, PromptRecordsEndWhereTheAnswerStarts) {
+  RecordOptions options;
+  options.tokenizer = tokenizer_.get();
+  options.chat_template = &Template("chatml");
+  auto text = PromptFromRecord(nlohmann::json::parse(R"({"id": 7, "prompt": "hello"})"), options);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->id, 7);
+  EXPECT_EQ(text->ids, *tokenizer_->EncodeIds("<|im_start|>user\nhello<|im_end|>\n"
+                                              "<|im_start|>assistant\n"));
+  EXPECT_EQ(*PromptIds(Template("chatml"), *tokenizer_, "hello"), text->ids);
+  auto ids = PromptFromRecord(nlohmann::json::parse(R"({"input_ids": [5, 6]})"), options);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_FALSE(ids->id.has_value());
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"input_ids": [5, 6], "loss_mask": [0, 1]})", "\"loss_mask\": a record to regenerate"},
+      {R"({"messages": [{"role": "user", "content": "x"}]})", "\"messages\": a record to"},
+      {R"({"prompt": "x", "input_ids": [5]})", "give one of them"},
+      {R"({"id": "seven", "prompt": "x"})", "\"id\" must be an integer"},
+      {R"({"question": "x"})", "needs \"prompt\" (a string) or \"input_ids\""},
+      {R"({"input_ids": [5, 100000]})", "\"input_ids\"[1]"}};
+  for (const auto& [record, message] : refused) {
+    auto prompt = PromptFromRecord(nlohmann::json::parse(record), options);
+    EXPECT_EQ(prompt.status().code(), absl::StatusCode::kInvalidArgument) << record;
+    EXPECT_NE(prompt.status().message().find(message), std::string::npos)
+        << record << ": " << prompt.status();
+  }
+  options.chat_template = nullptr;
+  EXPECT_NE(PromptFromRecord(nlohmann::json::parse(R"({"prompt": "x"})"), options)
+                .status()
+                .message()
+                .find("need a tokenizer and a chat template"),
+            std::string::npos);
+}
+
 // With the real Qwen3 / Llama-3 tokenizers (fetched fixtures), the mask still
 // selects exactly the trained text.
 TEST(ChatTemplateFixtureTest, RealTokenizersMaskExactlyTheAssistantText) {

@@ -25,7 +25,10 @@ torch::Tensor Table(int64_t vocab, int seed, double spread) {
 class TableTarget final : public Target {
  public:
   explicit TableTarget(torch::Tensor table) : table_(std::move(table)) {}
-  absl::StatusOr<Rows> Extend(const std::vector<int32_t>& ids) override {
+  absl::StatusOr<Rows> Extend(const std::vector<int32_t>& ids, int64_t logit_rows) override {
+    EXPECT_GE(logit_rows, 1);
+    EXPECT_LE(logit_rows, static_cast<int64_t>(ids.size()));
+    logit_rows_.push_back({static_cast<int64_t>(ids.size()), logit_rows});
     const int64_t v = table_.size(1);
     std::vector<torch::Tensor> rows;
     for (int32_t id : ids) {
@@ -35,7 +38,9 @@ class TableTarget final : public Target {
     }
     ++forwards_;
     Rows out;
-    out.logits = torch::stack(rows).to(torch::kFloat32);
+    out.logits = torch::stack(rows)
+                     .to(torch::kFloat32)
+                     .narrow(0, static_cast<int64_t>(ids.size()) - logit_rows, logit_rows);
     // One feature per row: its position, so the test sees which rows the
     // decoder hands the draft.
     out.aux_hidden = torch::arange(static_cast<int64_t>(seq_.size() - ids.size()),
@@ -46,9 +51,12 @@ class TableTarget final : public Target {
   void Truncate(int64_t length) override { seq_.resize(length); }
   void Reset() override { seq_.clear(); }
   int64_t forwards() const { return forwards_; }
+  // (ids, logit rows) of every Extend.
+  const std::vector<std::pair<int64_t, int64_t>>& logit_rows() const { return logit_rows_; }
 
  private:
   torch::Tensor table_;
+  std::vector<std::pair<int64_t, int64_t>> logit_rows_;
   std::vector<int32_t> seq_;
   int64_t forwards_ = 0;
 };
@@ -127,6 +135,28 @@ TEST(SpeculativeTest, GreedyOutputEqualsTargetOnlyAndCountsAddUp) {
       EXPECT_NEAR(s.tau(), sum, 0.5);
     }
   }
+}
+
+// The prefill asks for its last row's logits only; a verification for every
+// row it runs (the correction or bonus can come from any of them).
+TEST(SpeculativeTest, PrefillAsksForOneRowOfLogitsAndVerificationForAll) {
+  const int64_t vocab = 11;
+  const torch::Tensor table = Table(vocab, 1, 2.0);
+  TableTarget target(table);
+  TableDraft draft(table, 4, 3);
+  DecodeOptions options;
+  options.max_new_tokens = 20;
+  const std::vector<int32_t> prompt = {1, 7, 3, 5, 2};
+  auto spec = Decode(target, &draft, prompt, options);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_GE(target.logit_rows().size(), 3u);
+  EXPECT_EQ(target.logit_rows()[0], (std::pair<int64_t, int64_t>{5, 1}));
+  int64_t verified = 0;
+  for (size_t i = 1; i < target.logit_rows().size(); ++i) {
+    EXPECT_EQ(target.logit_rows()[i].second, target.logit_rows()[i].first);
+    verified += target.logit_rows()[i].first > 1;
+  }
+  EXPECT_GT(verified, 2);
 }
 
 TEST(SpeculativeTest, StopsAfterAStopTokenLikeTargetOnly) {
