@@ -1,10 +1,8 @@
 #include "student/online_source.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <utility>
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/capture_layers.h"
 #include "common/chat_template.h"
@@ -70,7 +69,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     absl::Time lost_since = absl::InfiniteFuture();
     absl::Time next_try;
     absl::Duration backoff;
-    int attempts = 0;  // since lost_since
+    int attempts = 0;         // since lost_since
     absl::Status last_error;  // the last attempt's, named when it is given up
   };
 
@@ -78,19 +77,21 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
 
   ~Impl() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       closing_ = true;
+      // The reconnector adds no stream once closing_ is set.
+      reconnect_cv_.SignalAll();
     }
-    // The reconnector adds no stream once closing_ is set.
-    reconnect_cv_.notify_all();
     if (reconnector_.joinable()) reconnector_.join();
+    std::vector<Stream*> streams;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (auto& stream : streams_) {
         if (stream->alive()) stream->Cancel();
+        streams.push_back(stream.get());
       }
     }
-    for (auto& stream : streams_) stream->WaitDone();
+    for (Stream* stream : streams) stream->WaitDone();
   }
 
   absl::Status Init() {
@@ -121,8 +122,10 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     if (options_.teacher_grace < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("data.teacher_grace_s must be >= 0");
     }
-    // Describe every teacher; they must serve the same model.
+    // Describe every teacher; they must serve the same model. The streams
+    // join streams_ (and start) once every teacher has answered.
     std::vector<std::string> errors;
+    std::vector<std::unique_ptr<Stream>> opened;
     for (size_t i = 0; i < options_.teachers.size(); ++i) {
       // Ranks start on different teachers.
       const std::string& address =
@@ -137,7 +140,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       }
       const v1::DescribeResponse& response = *described;
       ASSIGN_OR_RETURN(const ModelContract model, Served(address, response));
-      if (streams_.empty()) {
+      if (opened.empty()) {
         model_ = model;
         max_tokens_ = response.max_tokens();
       } else if (const std::string field = model_.FirstDifference(model); !field.empty()) {
@@ -147,7 +150,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       }
       TeacherStreamOptions stream_options = options_.stream;
       stream_options.rank = options_.rank;
-      stream_options.stream_index = next_stream_index_++;
+      stream_options.stream_index = static_cast<int>(opened.size());
       stream_options.capture_layer_ids = options_.capture_layer_ids;
       ASSIGN_OR_RETURN(
           std::unique_ptr<Stream> stream,
@@ -155,10 +158,9 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       SS_LOG_INFO("online: teacher {} on host {}: payloads {} (data.transport {})", address,
                   response.hostname(), v1::Transport_Name(stream->transport()),
                   options_.stream.transport);
-      teachers_[address] = Teacher();
-      streams_.push_back(std::move(stream));
+      opened.push_back(std::move(stream));
     }
-    if (streams_.empty()) {
+    if (opened.empty()) {
       return absl::UnavailableError(
           absl::StrCat("no teacher answered: ", absl::StrJoin(errors, "; ")));
     }
@@ -171,8 +173,13 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       }
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto& stream : streams_) stream->Start(options_.in_flight);
+      absl::MutexLock lock(&mu_);
+      next_stream_index_ = static_cast<int>(opened.size());
+      for (auto& stream : opened) {
+        teachers_[stream->address()] = Teacher();
+        stream->Start(options_.in_flight);
+        streams_.push_back(std::move(stream));
+      }
     }
     if (options_.teacher_grace > absl::ZeroDuration()) {
       reconnector_ = std::thread([this] { ReconnectLoop(); });
@@ -189,8 +196,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   }
 
   // Acknowledges delivered samples to their teachers (their credits return)
-  // and forgets them. Called under mu_.
-  void Release(const std::vector<int64_t>& indices) {
+  // and forgets them.
+  void Release(const std::vector<int64_t>& indices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::map<Stream*, v1::StreamRequest> acks;
     for (int64_t index : indices) {
       auto it = slots_.find(index);
@@ -202,8 +209,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     }
     for (auto& [stream, ack] : acks) stream->Send(ack);
   }
-  void Release(int64_t index) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Release(int64_t index) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     Release(std::vector<int64_t>{index});
   }
 
@@ -225,8 +232,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   }
 
   // Requests `index` (those rows) unless it is already requested or ready
-  // with the same rows. Called under mu_.
-  void Want(int64_t index, const RowRange& wanted) {
+  // with the same rows.
+  void Want(int64_t index, const RowRange& wanted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (Empty(index, wanted)) return;
     const RowRange rows = Clip(index, wanted);
     Slot& slot = slots_[index];
@@ -238,8 +245,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   }
 
   // Sends the request for a slot to the next live stream (round robin).
-  // Called under mu_.
-  void Send(int64_t index, Slot& slot) {
+  void Send(int64_t index, Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Stream* stream = nullptr;
     for (size_t i = 0; i < streams_.size() && stream == nullptr; ++i) {
       Stream* candidate = streams_[(next_stream_ + i) % streams_.size()].get();
@@ -257,7 +263,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       }
       slot.sample = gone_.ok() ? GoneError() : gone_;
       slot.ready = true;
-      cv_.notify_all();
+      cv_.SignalAll();
       return;
     }
     const TokenizedSample& s = samples_[index];
@@ -280,10 +286,10 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     stream->Send(request);
   }
 
-  // --- TeacherStreamEvents (under mu_) ---
+  // --- TeacherStreamEvents (a stream calls them with mu_ held) ---
   // A payload arrived whole and intact.
   void Arrived(uint64_t request_id, const v1::TensorContract& contract, int64_t row_begin,
-               const torch::Tensor& payload) override {
+               const torch::Tensor& payload) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = requests_.find(request_id);
     if (it == requests_.end()) return;  // superseded
     // The index is read before the erase: `it` is dangling after it.
@@ -299,12 +305,13 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     }
     slot.sample = Decode(index, slot.rows, contract, row_begin, payload);
     slot.ready = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   // A request failed. DATA_LOSS and transient codes are retried elsewhere;
   // anything else (a bad request) is final.
-  void Failed(uint64_t request_id, const absl::Status& why) override {
+  void Failed(uint64_t request_id, const absl::Status& why) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = requests_.find(request_id);
     if (it == requests_.end()) return;
     const int64_t index = it->second;
@@ -330,13 +337,13 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     }
     slot.sample = why;
     slot.ready = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   // Every outstanding request of a lost stream goes to another teacher (or,
   // with none live, waits for one to come back). The teacher is reconnected
   // to while its grace lasts.
-  void StreamLost(Stream* stream) override {
+  void StreamLost(Stream* stream) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     StartReconnecting(stream->address());
     std::vector<uint64_t> lost;
     for (const auto& [request_id, index] : requests_) {
@@ -350,23 +357,23 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
              absl::UnavailableError(absl::StrCat("teacher ", stream->address(), " is gone")));
     }
     FailParkedIfEveryTeacherIsGone(GoneError());
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  // --- Reconnection (under mu_ unless said otherwise) ---
-  bool AnyLive() const {
+  // --- Reconnection ---
+  bool AnyLive() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& stream : streams_) {
       if (stream->alive()) return true;
     }
     return false;
   }
-  bool LiveTo(const std::string& address) const {
+  bool LiveTo(const std::string& address) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& stream : streams_) {
       if (stream->alive() && stream->address() == address) return true;
     }
     return false;
   }
-  bool Reconnecting() const {
+  bool Reconnecting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& [address, teacher] : teachers_) {
       if (teacher.reconnecting) return true;
     }
@@ -380,13 +387,13 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   }
 
   // `d` jittered by +-20% (so that ranks do not retry in lockstep).
-  absl::Duration Jittered(absl::Duration d) {
+  absl::Duration Jittered(absl::Duration d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::uniform_real_distribution<double> factor(0.8, 1.2);
     return d * factor(random_);
   }
 
   // Schedules a lost teacher's reconnection, unless it has no grace left.
-  void StartReconnecting(const std::string& address) {
+  void StartReconnecting(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (closing_ || !gone_.ok() || options_.teacher_grace <= absl::ZeroDuration()) return;
     Teacher& teacher = teachers_[address];
     if (teacher.reconnecting || LiveTo(address)) return;
@@ -407,12 +414,13 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     teacher.next_try = now + Jittered(teacher.backoff);
     SS_LOG_WARN("online: teacher {} lost; reconnecting (grace {} s left)", address,
                 absl::StrFormat("%.1f", absl::ToDoubleSeconds(left)));
-    reconnect_cv_.notify_all();
+    reconnect_cv_.SignalAll();
   }
 
   // Stops reconnecting to a teacher (`why`, logged); with no teacher live
   // or coming back, the waiting samples fail with `job_error`.
-  void GiveUp(const std::string& address, const absl::Status& why, const absl::Status& job_error) {
+  void GiveUp(const std::string& address, const absl::Status& why, const absl::Status& job_error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     teachers_[address].reconnecting = false;
     SS_LOG_WARN("online: teacher {} given up: {}", address, why.ToString());
     FailParkedIfEveryTeacherIsGone(job_error);
@@ -420,7 +428,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
 
   // With no teacher live or coming back, every waiting sample fails with
   // `why`, and so does every later one (gone_).
-  void FailParkedIfEveryTeacherIsGone(const absl::Status& why) {
+  void FailParkedIfEveryTeacherIsGone(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (AnyLive() || Reconnecting() || closing_) return;
     if (gone_.ok()) gone_ = why;
     for (int64_t index : std::exchange(parked_, {})) {
@@ -430,12 +438,12 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       it->second.sample = gone_;
       it->second.ready = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   // Requests the samples that waited for a teacher, in the order they were
   // parked (each once: a slot re-requested meanwhile is no longer parked).
-  void Unpark() {
+  void Unpark() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int64_t index : std::exchange(parked_, {})) {
       auto it = slots_.find(index);
       if (it == slots_.end() || !it->second.parked) continue;
@@ -470,9 +478,10 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     return model;
   }
 
-  // Describe (the same model as the others), then a new stream. Without mu_.
+  // Describe (the same model as the others), then a new stream.
   absl::StatusOr<std::unique_ptr<Stream>> Connect(const std::string& address,
-                                                  absl::Duration timeout, int stream_index) {
+                                                  absl::Duration timeout, int stream_index)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     ASSIGN_OR_RETURN(v1::DescribeResponse response, options_.connector->Describe(address, timeout));
     ASSIGN_OR_RETURN(const ModelContract model, Served(address, response));
     if (const std::string field = model_.FirstDifference(model); !field.empty()) {
@@ -489,8 +498,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
 
   // The reconnector thread: retries lost teachers when due, gives up on
   // those past their grace. Holds mu_ except while connecting.
-  void ReconnectLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void ReconnectLoop() ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
     while (!closing_) {
       const absl::Time now = absl::Now();
       std::string due;
@@ -512,11 +521,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
         wake = std::min({wake, teacher.next_try, expiry});
       }
       if (due.empty()) {
-        if (wake == absl::InfiniteFuture()) {
-          reconnect_cv_.wait(lock);
-        } else {
-          reconnect_cv_.wait_until(lock, absl::ToChronoTime(wake));
-        }
+        reconnect_cv_.WaitWithDeadline(&mu_, wake);
         continue;
       }
       Teacher& teacher = teachers_[due];
@@ -525,12 +530,12 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       const absl::Duration timeout = std::min(
           {options_.stream.connect_timeout, std::max(absl::Seconds(1), teacher.backoff), left});
       const int stream_index = next_stream_index_++;
-      lock.unlock();
+      mu_.Unlock();
       absl::StatusOr<std::unique_ptr<Stream>> stream = Connect(due, timeout, stream_index);
-      lock.lock();
+      mu_.Lock();
       Teacher& again = teachers_[due];  // (teachers_ only grows here and in Init)
       if (closing_) {
-        lock.unlock();
+        mu_.Unlock();
         stream = absl::CancelledError("closing");  // destroyed without mu_
         return;
       }
@@ -567,8 +572,9 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
           due, again.attempts, v1::Transport_Name((*stream)->transport()), parked_.size());
       streams_.push_back(*std::move(stream));
       Unpark();
-      cv_.notify_all();
+      cv_.SignalAll();
     }
+    mu_.Unlock();
   }
 
   // The payload's tensors as a TrainingSample, converted exactly as
@@ -635,20 +641,21 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   }
 
   // Waits for the sample (requesting it when needed) and hands it over.
-  absl::StatusOr<TrainingSample> Fetch(int64_t index, const RowRange& rows) {
+  absl::StatusOr<TrainingSample> Fetch(int64_t index, const RowRange& rows)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (index < 0 || index >= static_cast<int64_t>(samples_.size())) {
       return absl::OutOfRangeError(absl::StrCat("sample index ", index, " of ", samples_.size()));
     }
     if (Empty(index, rows)) return EmptyRows(index, rows);
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     Want(index, rows);
     // A sample may also wait out a teacher's grace.
     const absl::Time deadline =
         absl::Now() + options_.stream.sample_timeout + options_.teacher_grace;
     Slot* slot = &slots_[index];
     while (!slot->ready) {
-      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
-          !slot->ready) {
+      // WaitWithDeadline is true when the deadline passed.
+      if (cv_.WaitWithDeadline(&mu_, deadline) && !slots_[index].ready) {
         return absl::DeadlineExceededError(absl::StrCat(
             "sample ", index, " did not arrive within ",
             absl::FormatDuration(options_.stream.sample_timeout + options_.teacher_grace)));
@@ -678,8 +685,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     return sample;
   }
 
-  absl::Status Commit(int64_t step, const std::vector<int64_t>& indices) {
-    std::lock_guard<std::mutex> lock(mu_);
+  absl::Status Commit(int64_t step, const std::vector<int64_t>& indices) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     Release(indices);
     return ledger_ ? ledger_->Record(step, indices) : absl::OkStatus();
   }
@@ -692,27 +699,31 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   torch::ScalarType hidden_dtype_ = torch::kFloat32;
   std::unique_ptr<Ledger> ledger_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Stream>> streams_;
-  size_t next_stream_ = 0;
-  uint64_t last_request_id_ = 0;
-  std::map<int64_t, Slot> slots_;         // by dataset index
-  std::map<uint64_t, int64_t> requests_;  // outstanding request id -> index
-  int64_t refetches_ = 0;
-  bool closing_ = false;
+  // Handed to every stream, which makes its events with it held
+  // (student/teacher_connection.h).
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // a slot became ready, or a teacher came back
+  std::vector<std::unique_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  size_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_request_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);         // by dataset index
+  std::map<uint64_t, int64_t> requests_ ABSL_GUARDED_BY(mu_);  // outstanding request id -> index
+  int64_t refetches_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
 
-  // Reconnection (under mu_).
-  std::map<std::string, Teacher> teachers_;  // by address: those a stream was opened to
-  std::deque<int64_t> parked_;               // samples waiting for a teacher to come back, in order
+  // Reconnection.
+  // By address: those a stream was opened to.
+  std::map<std::string, Teacher> teachers_ ABSL_GUARDED_BY(mu_);
+  // Samples waiting for a teacher to come back, in order.
+  std::deque<int64_t> parked_ ABSL_GUARDED_BY(mu_);
   // Set once every teacher is gone for good: what every later sample fails with.
-  absl::Status gone_;
-  int64_t reserved_ = 0;  // the most credits ReserveOutstanding asked for
-  int next_stream_index_ = 0;
-  int64_t reconnects_ = 0;
-  std::mt19937_64 random_{std::random_device{}()};
-  std::condition_variable reconnect_cv_;
-  std::thread reconnector_;  // ReconnectLoop, while teacher_grace > 0
+  absl::Status gone_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // the most credits ReserveOutstanding asked for
+  int next_stream_index_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reconnects_ ABSL_GUARDED_BY(mu_) = 0;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
+  absl::CondVar reconnect_cv_;  // a teacher was lost, or the source is closing
+  std::thread reconnector_;     // ReconnectLoop, while teacher_grace > 0
 };
 
 OnlineSource::OnlineSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -760,7 +771,7 @@ absl::Status OnlineSource::TokenIds(int64_t index, std::vector<int32_t>* ids,
 }
 
 void OnlineSource::ReserveOutstanding(int64_t samples) {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   impl_->reserved_ = std::max(impl_->reserved_, samples);  // for streams opened later
   for (auto& stream : impl_->streams_) {
     if (stream->alive()) stream->GrantUpTo(samples);
@@ -768,7 +779,7 @@ void OnlineSource::ReserveOutstanding(int64_t samples) {
 }
 
 void OnlineSource::Prefetch(const std::vector<int64_t>& indices, const RowRange& rows) {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   for (int64_t index : indices) {
     if (index >= 0 && index < size()) impl_->Want(index, rows);
   }
@@ -779,12 +790,12 @@ absl::Status OnlineSource::Commit(int64_t step, const std::vector<int64_t>& indi
 }
 
 int64_t OnlineSource::refetches() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   return impl_->refetches_;
 }
 
 int64_t OnlineSource::reconnects() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   return impl_->reconnects_;
 }
 

@@ -17,13 +17,15 @@
 // TeacherStreamEvents call with it held, from its own threads, never from
 // inside a call the source made (so the source never sees its own state
 // change under it). WaitDone and the stream's destructor are called without
-// it.
+// it. Implementations guard their members with it (ABSL_GUARDED_BY on the
+// reference they keep) and annotate these methods as requiring it, so that
+// tests/thread_safety.sh checks each side; the call across the interface
+// itself is what this comment promises.
 #ifndef SPECSTREAM_STUDENT_TEACHER_CONNECTION_H_
 #define SPECSTREAM_STUDENT_TEACHER_CONNECTION_H_
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/transport/payload_channel.h"
 #include "specstream/v1/teacher.pb.h"
@@ -129,7 +132,7 @@ class TeacherConnector {
   // stream. Thread-safe.
   virtual absl::StatusOr<std::unique_ptr<TeacherStream>> NewStream(
       const std::string& address, const v1::DescribeResponse& teacher,
-      const TeacherStreamOptions& options, std::mutex& mu, TeacherStreamEvents& events) = 0;
+      const TeacherStreamOptions& options, absl::Mutex& mu, TeacherStreamEvents& events) = 0;
 };
 
 }  // namespace specstream::student

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <thread>
@@ -13,6 +12,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc/auth.h"
 #include "common/grpc/byte_buffer.h"
 #include "common/grpc/channel_args.h"
@@ -148,7 +149,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
  public:
   GrpcTeacherStream(std::string address, std::shared_ptr<grpc::Channel> channel,
                     StreamTransport transport, const student::TeacherStreamOptions& options,
-                    std::mutex& mu, student::TeacherStreamEvents& events)
+                    absl::Mutex& mu, student::TeacherStreamEvents& events)
       : mu_(mu),
         events_(events),
         options_(options),
@@ -162,23 +163,25 @@ class GrpcTeacherStream final : public student::TeacherStream,
   // Stops and joins the NCCL receiver (after the call is done).
   ~GrpcTeacherStream() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       nccl_stop_ = true;
+      nccl_cv_.SignalAll();
     }
-    nccl_cv_.notify_all();
     if (nccl_thread_.joinable()) nccl_thread_.join();
   }
 
   const std::string& address() const override { return address_; }
   v1::Transport transport() const override { return transport_; }
-  bool alive() const override { return alive_; }
+  bool alive() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return alive_; }
   // True while the NCCL receiver owes this request's payload (its header
-  // came): a lost stream does not fail it over. Called under mu_.
-  bool Owes(uint64_t request_id) const override { return nccl_owed_.contains(request_id); }
+  // came): a lost stream does not fail it over.
+  bool Owes(uint64_t request_id) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return nccl_owed_.contains(request_id);
+  }
 
   // Grants more credits so that at least `credits` are outstanding in
-  // total. Called under mu_.
-  void GrantUpTo(int64_t credits) override {
+  // total.
+  void GrantUpTo(int64_t credits) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (credits <= granted_) return;
     v1::StreamRequest credit;
     credit.mutable_credit()->set_n(static_cast<uint32_t>(credits - granted_));
@@ -187,8 +190,8 @@ class GrpcTeacherStream final : public student::TeacherStream,
   }
 
   // Starts the call: Open and the stream's credits (and, for NCCL, the
-  // receiver thread, which joins while the teacher does). Called under mu_.
-  void Start(int64_t credits) override {
+  // receiver thread, which joins while the teacher does).
+  void Start(int64_t credits) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     granted_ = credits;
     v1::StreamRequest open;
     open.mutable_open()->set_transport(transport_);
@@ -214,8 +217,8 @@ class GrpcTeacherStream final : public student::TeacherStream,
     StartCall();
   }
 
-  // Queues a message; writes are issued one at a time. Called under mu_.
-  void Enqueue(const google::protobuf::MessageLite& message) {
+  // Queues a message; writes are issued one at a time.
+  void Enqueue(const google::protobuf::MessageLite& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto buffer = SerializeToByteBuffer(message);
     if (!buffer.ok()) {
       // Reported here, with its reason: the stream ends and its requests
@@ -226,23 +229,24 @@ class GrpcTeacherStream final : public student::TeacherStream,
     WriteNext();
   }
 
-  // Queues a request. Called under mu_.
-  void Send(const v1::StreamRequest& request) override { Enqueue(request); }
+  // Queues a request.
+  void Send(const v1::StreamRequest& request) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Enqueue(request);
+  }
 
-  void Cancel() override {
+  void Cancel() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     cancelled_ = true;
     context_.TryCancel();
   }
 
   void WaitDone() override {
     if (!call_started_) return;
-    std::unique_lock<std::mutex> lock(done_mu_);
-    done_cv_.wait(lock, [&] { return done_; });
+    done_.WaitForNotification();
   }
 
   // gRPC callbacks.
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) return;  // OnDone reports the failure
     outgoing_.pop_front();
@@ -253,7 +257,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
     if (!ok) {
       // The stream is ending: no new writes from here on (a write started
       // after this could race with OnDone; OnDone waits for this read).
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       alive_ = false;
       return;
     }
@@ -261,7 +265,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
     ReceivedChunk chunk;
     absl::StatusOr<bool> is_chunk = DecodeStreamResponse(in_, &message, &chunk);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!is_chunk.ok()) {
         Break(is_chunk.status());
       } else if (*is_chunk) {
@@ -280,13 +284,13 @@ class GrpcTeacherStream final : public student::TeacherStream,
 
   void OnDone(const grpc::Status& status) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       alive_ = false;
       // The NCCL receiver still takes the payloads whose headers came (a
       // draining teacher sends them before it ends the stream); the rest
       // of this stream's requests fail over now.
       call_done_ = true;
-      nccl_cv_.notify_all();
+      nccl_cv_.SignalAll();
       const absl::Status why =
           status.ok()
               ? absl::UnavailableError(absl::StrCat("teacher ", address_, " ended the stream"))
@@ -294,11 +298,9 @@ class GrpcTeacherStream final : public student::TeacherStream,
       if (!cancelled_) SS_LOG_WARN("online: stream lost: {}", why.ToString());
       events_.StreamLost(this);
     }
-    {
-      std::lock_guard<std::mutex> lock(done_mu_);
-      done_ = true;
-    }
-    done_cv_.notify_all();
+    // The last callback: WaitDone may return, and the source destroy this
+    // stream, once it is made (which Notification allows).
+    done_.Notify();
   }
 
  private:
@@ -320,7 +322,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
     return transport_ == v1::TRANSPORT_NCCL && device.is_cuda() && device.index() == nccl_device_;
   }
 
-  void WriteNext() {
+  void WriteNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!prepared_ || writing_ || outgoing_.empty() || !alive_) return;
     writing_ = true;
     StartWrite(&outgoing_.front());
@@ -332,7 +334,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
     context_.TryCancel();
   }
 
-  void OnHeader(const v1::StreamResponse::SampleHeader& header) {
+  void OnHeader(const v1::StreamResponse::SampleHeader& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // The teacher attached the ring when it took the Open, before its first
     // header: the name can go, so a student killed from here on leaves no
     // ring in /dev/shm.
@@ -360,13 +362,13 @@ class GrpcTeacherStream final : public student::TeacherStream,
       // posts the receive for exactly its bytes.
       nccl_owed_.insert(header.request_id());
       nccl_pending_.emplace_back(header.request_id(), std::move(in));
-      nccl_cv_.notify_all();
+      nccl_cv_.SignalAll();
       return;
     }
     incoming_[header.request_id()] = std::move(in);
   }
 
-  void OnChunk(const ReceivedChunk& chunk) {
+  void OnChunk(const ReceivedChunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = incoming_.find(chunk.request_id());
     const v1::StreamResponse::ShmLocator* shm = chunk.shm();
     const uint64_t size = shm != nullptr ? shm->length() : chunk.size();
@@ -396,7 +398,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
 
   // A whole payload: checked against its CRC32C or device checksum, then
   // handed over as uint8 [payload_bytes] where it is.
-  void Complete(uint64_t request_id, Incoming in) {
+  void Complete(uint64_t request_id, Incoming in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<torch::Tensor> bytes = in.device_payload.defined()
                                               ? CheckedOnDevice(in.contract, in.device_payload)
                                               : CheckedOnHost(in.contract, std::move(in.payload));
@@ -451,8 +453,8 @@ class GrpcTeacherStream final : public student::TeacherStream,
     while (true) {
       std::pair<uint64_t, Incoming> next;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        nccl_cv_.wait(lock, [&] { return nccl_stop_ || !nccl_pending_.empty() || call_done_; });
+        absl::MutexLock lock(&mu_);
+        while (!nccl_stop_ && nccl_pending_.empty() && !call_done_) nccl_cv_.Wait(&mu_);
         if (nccl_stop_ || nccl_pending_.empty()) return;
         next = std::move(nccl_pending_.front());
         nccl_pending_.pop_front();
@@ -472,7 +474,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
         received = (*channel)->Recv(in.payload.data(), in.payload.size());
       }
       if (!received.ok()) return NcclFailed(received);
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (nccl_stop_) return;
       nccl_owed_.erase(next.first);
       Complete(next.first, std::move(in));
@@ -481,8 +483,8 @@ class GrpcTeacherStream final : public student::TeacherStream,
 
   // The channel failed: every owed request fails over (UNAVAILABLE, so it
   // is re-requested elsewhere) and the stream ends.
-  void NcclFailed(const absl::Status& why) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void NcclFailed(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     if (nccl_stop_) return;  // the source is closing
     const absl::Status lost = absl::UnavailableError(
         absl::StrCat("teacher ", address_, ": NCCL payload transport: ", why.ToString()));
@@ -493,7 +495,7 @@ class GrpcTeacherStream final : public student::TeacherStream,
     if (!call_done_) Break(lost);
   }
 
-  std::mutex& mu_;  // the source's
+  absl::Mutex& mu_;  // the source's
   student::TeacherStreamEvents& events_;
   const student::TeacherStreamOptions options_;
   std::string address_;
@@ -501,26 +503,28 @@ class GrpcTeacherStream final : public student::TeacherStream,
   const v1::Transport transport_;
   grpc::ClientContext context_;
   grpc::ByteBuffer in_;
-  std::deque<grpc::ByteBuffer> outgoing_;
-  bool writing_ = false;
-  bool prepared_ = false;      // the call exists; writes may start
-  bool call_started_ = false;  // OnDone will come (WaitDone waits for it)
-  int64_t granted_ = 0;        // the credit window (an Ack returns its credit)
+  std::deque<grpc::ByteBuffer> outgoing_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool prepared_ ABSL_GUARDED_BY(mu_) = false;  // the call exists; writes may start
+  // OnDone will come (WaitDone waits for it). Set by Start, which the
+  // source calls before it ever calls WaitDone.
+  std::atomic<bool> call_started_{false};
+  int64_t granted_ ABSL_GUARDED_BY(mu_) = 0;  // the credit window (an Ack returns its credit)
   std::unique_ptr<ShmRing> ring_;
   const std::string nccl_unique_id_;
   const int nccl_device_;
   std::thread nccl_thread_;
-  std::condition_variable nccl_cv_;                         // with mu_
-  std::deque<std::pair<uint64_t, Incoming>> nccl_pending_;  // headers read, payload not yet
-  absl::flat_hash_set<uint64_t> nccl_owed_;  // request ids in nccl_pending_ or being received
-  bool call_done_ = false;                   // OnDone ran (under mu_)
-  std::atomic<bool> nccl_stop_{false};       // set under mu_ (for nccl_cv_), read anywhere
-  bool alive_ = true;
-  bool cancelled_ = false;  // Cancel() ran: the end is ours, not a loss
-  std::map<uint64_t, Incoming> incoming_;
-  std::mutex done_mu_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
+  absl::CondVar nccl_cv_;  // with mu_: work for the NCCL receiver, or its end
+  // Headers read, payload not yet.
+  std::deque<std::pair<uint64_t, Incoming>> nccl_pending_ ABSL_GUARDED_BY(mu_);
+  // Request ids in nccl_pending_ or being received.
+  absl::flat_hash_set<uint64_t> nccl_owed_ ABSL_GUARDED_BY(mu_);
+  bool call_done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran
+  std::atomic<bool> nccl_stop_{false};           // set under mu_ (for nccl_cv_), read anywhere
+  bool alive_ ABSL_GUARDED_BY(mu_) = true;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // Cancel() ran: the end is ours, not a loss
+  std::map<uint64_t, Incoming> incoming_ ABSL_GUARDED_BY(mu_);
+  absl::Notification done_;  // OnDone ran
 };
 
 }  // namespace
@@ -566,7 +570,7 @@ absl::StatusOr<v1::DescribeResponse> GrpcTeacherConnector::Describe(const std::s
 
 absl::StatusOr<std::unique_ptr<student::TeacherStream>> GrpcTeacherConnector::NewStream(
     const std::string& address, const v1::DescribeResponse& teacher,
-    const student::TeacherStreamOptions& options, std::mutex& mu,
+    const student::TeacherStreamOptions& options, absl::Mutex& mu,
     student::TeacherStreamEvents& events) {
   ASSIGN_OR_RETURN(StreamTransport transport, TransportFor(address, teacher, options));
   return std::make_unique<GrpcTeacherStream>(address, ChannelTo(address), std::move(transport),

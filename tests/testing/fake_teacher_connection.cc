@@ -43,7 +43,7 @@ struct FakeTeacherConnector::Teacher {
 class FakeTeacherConnector::Stream final : public student::TeacherStream {
  public:
   Stream(FakeTeacherConnector* owner, Teacher* teacher, std::vector<int> capture_layer_ids,
-         std::mutex& mu, student::TeacherStreamEvents& events)
+         absl::Mutex& mu, student::TeacherStreamEvents& events)
       : owner_(owner),
         teacher_(teacher),
         capture_layer_ids_(std::move(capture_layer_ids)),
@@ -60,7 +60,7 @@ class FakeTeacherConnector::Stream final : public student::TeacherStream {
 
   const std::string& address() const override { return teacher_->address; }
   v1::Transport transport() const override { return v1::TRANSPORT_INLINE; }
-  bool alive() const override { return alive_; }
+  bool alive() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return alive_; }
   bool Owes(uint64_t) const override { return false; }
 
   void Start(int64_t credits) override {
@@ -134,7 +134,7 @@ class FakeTeacherConnector::Stream final : public student::TeacherStream {
       }
       absl::StatusOr<Answer> answer =
           fail.has_value() ? absl::StatusOr<Answer>(*fail) : Compute(request, corrupt);
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (answer.ok()) {
         events_.Arrived(request.request_id(), answer->contract, answer->row_begin, answer->payload);
       } else {
@@ -142,9 +142,11 @@ class FakeTeacherConnector::Stream final : public student::TeacherStream {
                        Annotate(answer.status(), absl::StrCat("teacher ", teacher_->address)));
       }
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    alive_ = false;
-    events_.StreamLost(this);
+    {
+      absl::MutexLock lock(&mu_);
+      alive_ = false;
+      events_.StreamLost(this);
+    }
     absl::MutexLock done(&owner_->mu_);
     done_ = true;
   }
@@ -197,10 +199,10 @@ class FakeTeacherConnector::Stream final : public student::TeacherStream {
   FakeTeacherConnector* const owner_;
   Teacher* const teacher_;
   const std::vector<int> capture_layer_ids_;  // what Open asked for, if honoured
-  std::mutex& mu_;                            // the source's
+  absl::Mutex& mu_;                           // the source's
   student::TeacherStreamEvents& events_;
   std::thread thread_;
-  bool alive_ = true;  // under mu_
+  bool alive_ ABSL_GUARDED_BY(mu_) = true;
 
   // Under owner_->mu_.
   bool stop_ = false;
@@ -265,7 +267,7 @@ absl::StatusOr<v1::DescribeResponse> FakeTeacherConnector::Describe(const std::s
 
 absl::StatusOr<std::unique_ptr<student::TeacherStream>> FakeTeacherConnector::NewStream(
     const std::string& address, const v1::DescribeResponse&,
-    const student::TeacherStreamOptions& options, std::mutex& mu,
+    const student::TeacherStreamOptions& options, absl::Mutex& mu,
     student::TeacherStreamEvents& events) {
   if (options.transport != "auto" && options.transport != "inline") {
     return absl::FailedPreconditionError(

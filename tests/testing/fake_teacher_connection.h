@@ -48,7 +48,7 @@ class FakeTeacherConnector final : public student::TeacherConnector {
                                                 absl::Duration timeout) override;
   absl::StatusOr<std::unique_ptr<student::TeacherStream>> NewStream(
       const std::string& address, const v1::DescribeResponse& teacher,
-      const student::TeacherStreamOptions& options, std::mutex& mu,
+      const student::TeacherStreamOptions& options, absl::Mutex& mu,
       student::TeacherStreamEvents& events) override;
 
   // --- Cues ---
