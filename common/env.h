@@ -8,7 +8,10 @@
 #ifndef SPECSTREAM_COMMON_ENV_H_
 #define SPECSTREAM_COMMON_ENV_H_
 
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,6 +36,33 @@ class Env {
   // rename(2): `to` is replaced atomically (an empty directory included).
   virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
 };
+
+// How ReplaceDirectory names its temporaries: MakeTempDirectory prefixes
+// (XXXXXX is appended), on the same filesystem as the directory replaced.
+struct DirectoryReplaceOptions {
+  std::string staging_prefix;  // the new contents, until they move in
+  std::string aside_prefix;    // the old directory, while the new one moves in
+  // Runs once the new contents are durable, before anything is renamed (a
+  // test's simulated crash); its error is returned with the staging
+  // directory left behind, as a crash would leave it.
+  std::function<absl::Status()> before_swap;
+};
+
+// Puts `files` (name, bytes) in place of `dir`, whole or not at all, through
+// `env`'s durability steps: each file is written atomically into a new
+// staging directory, which is fsynced; an existing `dir` is moved aside
+// (rename(2) cannot replace a non-empty directory); the staging directory is
+// renamed to `dir`, whose parent is fsynced; then the old one is removed. On
+// an error before the last rename nothing new is left and `dir` is as it was
+// (a failed rename puts the old directory back); the error names the step.
+// Not safe against another writer of `dir` at the same time.
+absl::Status ReplaceDirectory(Env& env, const std::string& dir,
+                              const std::vector<std::pair<std::string, absl::string_view>>& files,
+                              const DirectoryReplaceOptions& options);
+
+// Removes `path` and everything under it; a failure is logged, not returned
+// (cleanup after another error).
+void RemoveAllQuietly(const std::string& path);
 
 }  // namespace specstream
 

@@ -41,12 +41,6 @@ constexpr char kChecksums[] = "crc32c";  // manifest: file -> CRC32C of its byte
 
 std::string RngFileName(int rank) { return absl::StrCat("rng-rank-", rank, ".bin"); }
 
-void RemoveAllQuietly(const std::string& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
-  if (ec) SS_LOG_WARN("checkpoint: cannot remove {}: {}", path, ec.message());
-}
-
 // "step-00000123" -> 123; nullopt for anything else.
 std::optional<int64_t> ParseStepDirName(absl::string_view name) {
   if (!absl::ConsumePrefix(&name, "step-") || name.size() < 8) return std::nullopt;
@@ -164,69 +158,37 @@ absl::Status CheckpointManager::Save(int64_t step, const CheckpointContents& con
                    SerializeTensors(contents.optimizer, "optimizer", step));
   std::string state_text = contents.state.dump(2) + "\n";
 
-  std::vector<std::pair<std::string, const std::string*>> files = {
-      {kDraftFile, &draft_bytes}, {kOptimizerFile, &optimizer_bytes}, {kStateFile, &state_text}};
+  std::vector<std::pair<std::string, absl::string_view>> files = {
+      {kDraftFile, draft_bytes}, {kOptimizerFile, optimizer_bytes}, {kStateFile, state_text}};
   for (const auto& [rank, bytes] : contents.rng_by_rank)
-    files.emplace_back(RngFileName(rank), &bytes);
+    files.emplace_back(RngFileName(rank), bytes);
 
   const std::string name = CheckpointDirName(step);
   const std::string final_dir = StepDir(step);
   Env& env = Env::Or(options_.env);
-  absl::StatusOr<std::string> made =
-      env.MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, name, "-"));
-  if (!made.ok()) return Annotate(made.status(), absl::StrCat("saving checkpoint ", final_dir));
-  const std::string tmp_dir = *std::move(made);
-  std::string replaced;  // An older step-N moved aside, removed at the end.
-  auto fail = [&](const absl::Status& status) {
-    RemoveAllQuietly(tmp_dir);
-    return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
-  };
-
   nlohmann::json manifest = {{"format", kFormat}, {"step", step}, {"world_size", world}};
   nlohmann::json& sizes = manifest["files"] = nlohmann::json::object();
   nlohmann::json& checksums = manifest[kChecksums] = nlohmann::json::object();
   for (const auto& [file, bytes] : files) {
-    absl::Status status = env.WriteFileAtomically(absl::StrCat(tmp_dir, "/", file), *bytes);
-    if (!status.ok()) return fail(status);
-    sizes[file] = bytes->size();
-    checksums[file] = Crc32c(*bytes);
+    sizes[file] = bytes.size();
+    checksums[file] = Crc32c(bytes);
   }
   // The manifest goes last: a directory with a valid manifest has every file.
-  absl::Status status =
-      env.WriteFileAtomically(absl::StrCat(tmp_dir, "/", kManifestFile), manifest.dump(2) + "\n");
-  if (status.ok()) status = env.FsyncDirectory(tmp_dir);
-  if (!status.ok()) return fail(status);
-  if (CrashAt("tmp_written")) return absl::AbortedError("checkpoint: simulated crash");
-
-  struct stat st;
-  if (lstat(final_dir.c_str(), &st) == 0) {
-    // rename(2) cannot replace a non-empty directory: move the old one aside
-    // (onto an empty temporary, which rename may replace) first.
-    auto aside =
-        env.MakeTempDirectory(absl::StrCat(root(), "/", kTmpPrefix, "replaced-", name, "-"));
-    if (!aside.ok()) return fail(aside.status());
-    absl::Status moved = env.Rename(final_dir, *aside);
-    if (!moved.ok()) {
-      RemoveAllQuietly(*aside);
-      return fail(Annotate(moved, "moving the old directory aside"));
-    }
-    replaced = *aside;
-  }
-  status = env.Rename(tmp_dir, final_dir);
-  if (!status.ok()) {
-    // The older step-N goes back where it was: a failed replace loses nothing.
-    if (!replaced.empty() && !env.Rename(replaced, final_dir).ok()) {
-      SS_LOG_WARN("checkpoint: cannot move {} back to {}", replaced, final_dir);
-    }
-    return fail(status);
-  }
-  status = env.FsyncDirectory(root());
+  const std::string manifest_text = manifest.dump(2) + "\n";
+  files.emplace_back(kManifestFile, manifest_text);
+  DirectoryReplaceOptions replace;
+  replace.staging_prefix = absl::StrCat(root(), "/", kTmpPrefix, name, "-");
+  replace.aside_prefix = absl::StrCat(root(), "/", kTmpPrefix, "replaced-", name, "-");
+  replace.before_swap = [&] {
+    return CrashAt("tmp_written") ? absl::AbortedError("checkpoint: simulated crash")
+                                  : absl::OkStatus();
+  };
+  absl::Status status = ReplaceDirectory(env, final_dir, files, replace);
   if (!status.ok()) return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
   if (CrashAt("renamed")) return absl::AbortedError("checkpoint: simulated crash");
 
   status = env.WriteFileAtomically(absl::StrCat(root(), "/", kLatestFile), name + "\n");
   if (!status.ok()) return Annotate(status, absl::StrCat("saving checkpoint ", final_dir));
-  if (!replaced.empty()) RemoveAllQuietly(replaced);
   SS_LOG_INFO("checkpoint: saved step {} to {}", step, final_dir);
   return Prune(step);
 }

@@ -219,12 +219,6 @@ absl::Status CheckVocabMap(const ExportConfig& c, const torch::Tensor& d2t,
   return absl::OkStatus();
 }
 
-void RemoveAllQuietly(const std::string& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
-  if (ec) SS_LOG_WARN("export: cannot remove {}: {}", path, ec.message());
-}
-
 // An existing output directory may be replaced only when it holds nothing but
 // a previous export; anything else (a typo'd path, a user's files) is kept.
 absl::Status CheckReplaceable(const std::string& dir) {
@@ -367,7 +361,7 @@ nlohmann::json ExportConfigJson(const ExportConfig& c) {
 }
 
 absl::Status WriteDraftDirectory(const std::string& out_dir_arg, const std::string& config_text,
-                                 const std::string& model_bytes) {
+                                 const std::string& model_bytes, Env* env) {
   std::string out_dir = out_dir_arg;
   while (out_dir.size() > 1 && out_dir.back() == '/') out_dir.pop_back();
   if (out_dir.empty()) return absl::InvalidArgumentError("export: empty output directory");
@@ -380,39 +374,16 @@ absl::Status WriteDraftDirectory(const std::string& out_dir_arg, const std::stri
     return absl::InternalError(
         absl::StrCat("export: cannot create ", parent.string(), ": ", ec.message()));
   }
-  std::string tmp = out_dir + ".tmp-XXXXXX";
-  if (mkdtemp(tmp.data()) == nullptr) return ErrnoStatus("export: cannot create", tmp);
-  auto fail = [&](const absl::Status& status) {
-    RemoveAllQuietly(tmp);
-    return Annotate(status, absl::StrCat("export to ", out_dir));
-  };
-  absl::Status status = WriteFileAtomically(tmp + "/" + kModelFile, model_bytes);
-  if (status.ok()) status = WriteFileAtomically(tmp + "/" + kConfigFile, config_text);
-  if (status.ok()) status = FsyncDirectory(tmp);
-  if (!status.ok()) return fail(status);
-
-  std::string old;
-  if (fs::exists(out_dir, ec)) {
-    old = out_dir + ".old-XXXXXX";
-    if (mkdtemp(old.data()) == nullptr) return fail(ErrnoStatus("cannot create", old));
-    // rename(2) may replace the empty directory just made.
-    if (rename(out_dir.c_str(), old.c_str()) != 0) {
-      absl::Status error = ErrnoStatus("cannot move aside", out_dir);
-      RemoveAllQuietly(old);
-      return fail(error);
-    }
-  }
-  if (rename(tmp.c_str(), out_dir.c_str()) != 0) {
-    absl::Status error = ErrnoStatus("cannot rename into", out_dir);
-    if (!old.empty()) rename(old.c_str(), out_dir.c_str());  // Put the old one back.
-    return fail(error);
-  }
-  (void)FsyncDirectory(parent.empty() ? "." : parent.string());
-  if (!old.empty()) RemoveAllQuietly(old);
-  return absl::OkStatus();
+  DirectoryReplaceOptions replace;
+  replace.staging_prefix = out_dir + ".tmp-";
+  replace.aside_prefix = out_dir + ".old-";
+  return Annotate(
+      ReplaceDirectory(Env::Or(env), out_dir,
+                       {{kModelFile, model_bytes}, {kConfigFile, config_text}}, replace),
+      absl::StrCat("export to ", out_dir));
 }
 
-absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir) {
+absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir, Env* env) {
   RETURN_IF_ERROR(ValidateExport(in));
   ASSIGN_OR_RETURN(torch::Dtype weight_dtype, ExportWeightDtype(in.config.torch_dtype));
 
@@ -425,7 +396,7 @@ absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir) {
   }
   ASSIGN_OR_RETURN(std::string model_bytes, writer.Serialize());
   RETURN_IF_ERROR(
-      WriteDraftDirectory(out_dir, ExportConfigJson(in.config).dump(2) + "\n", model_bytes));
+      WriteDraftDirectory(out_dir, ExportConfigJson(in.config).dump(2) + "\n", model_bytes, env));
   SS_LOG_INFO("export: wrote {} ({} tensors, {})", out_dir, ExpectedTensors(in.config).size(),
               in.config.torch_dtype);
   return absl::OkStatus();

@@ -54,6 +54,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "common/hf_config.h"
 #include "nlohmann/json.hpp"
 
@@ -136,21 +137,22 @@ nlohmann::json ExportConfigJson(const ExportConfig& config);
 // `<out_dir>.tmp-XXXXXX` and renames it to `out_dir` (parents created). An
 // existing `out_dir` is replaced only after the new one is complete, and only
 // when it holds nothing but a previous export's files (else
-// FailedPrecondition). On any error nothing is left behind.
-absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir);
+// FailedPrecondition). On any error nothing is left behind. `env` (null:
+// Env::Default()) takes the filesystem steps.
+absl::Status ExportDraft(const ExportInput& in, const std::string& out_dir, Env* env = nullptr);
 
 // The directory write every draft export shares (this one and
 // student/block_export.h): writes `config_text` as config.json and
-// `model_bytes` as model.safetensors into `<out_dir>.tmp-XXXXXX` (each file
-// fsynced, then the directory) and renames it to `out_dir` (trailing slashes
-// ignored, parents created). An existing `out_dir` is replaced only after the
-// new one is complete, and only when it holds nothing but those two files
-// (else FailedPrecondition, checked before anything is written); a failed
-// rename puts the old directory back. On any error nothing new is left
-// behind. Callers validate and serialize first, so a refused export never
-// touches the disk.
+// `model_bytes` as model.safetensors in place of `out_dir` (trailing slashes
+// ignored, parents created) with ReplaceDirectory (common/env.h): staged in
+// `<out_dir>.tmp-XXXXXX`, an old export moved aside to `<out_dir>.old-XXXXXX`
+// and put back when the new one cannot move in. An existing `out_dir` is
+// replaced only when it holds nothing but those two files (else
+// FailedPrecondition, checked before anything is written). On any error
+// nothing new is left behind. Callers validate and serialize first, so a
+// refused export never touches the disk.
 absl::Status WriteDraftDirectory(const std::string& out_dir, const std::string& config_text,
-                                 const std::string& model_bytes);
+                                 const std::string& model_bytes, Env* env = nullptr);
 
 // Reads an export directory back: config.json into ExportConfig (aux ids from
 // eagle_config, checked against the top-level vLLM key when present) and

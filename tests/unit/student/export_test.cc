@@ -10,6 +10,7 @@
 #include "common/torch/tensor_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_env.h"
 #include "tests/testing/testing.h"
 
 namespace specstream::student {
@@ -322,6 +323,44 @@ TEST(ExportTest, ReplacesAnExistingExportOnlyAfterSuccess) {
   EXPECT_TRUE(
       torch::equal(back->tensors.at("norm.weight"), torch::full({8}, 2.0, torch::kBFloat16)));
   ExpectOnly(dir.path(), {"draft"});
+}
+
+// Filesystem faults at each durability step of replacing an export
+// (tests/testing/fake_env.h): the error names the export and the fault, the
+// previous export stays whole where it was, and no temporary is left.
+TEST(ExportTest, FilesystemFaultsAtEachStepKeepThePreviousExport) {
+  using Op = testing::FakeEnv::Op;
+  struct Case {
+    Op op;
+    std::string path_part;
+  };
+  const std::vector<Case> cases = {
+      {Op::kMakeTempDirectory, "draft.tmp-"},
+      {Op::kWriteFileAtomically, "/model.safetensors"},
+      {Op::kWriteFileAtomically, "/config.json"},
+      {Op::kFsyncDirectory, "draft.tmp-"},
+      {Op::kMakeTempDirectory, "draft.old-"},
+      {Op::kRename, "/draft"},      // the old export moved aside
+      {Op::kRename, "draft.tmp-"},  // the new one moved in: the old goes back
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path_part);
+    testing::TempDir dir;
+    const std::string out = dir.Join("draft");
+    testing::FakeEnv env;
+    ASSERT_TRUE(ExportDraft(MakeInput(), out, &env).ok());
+    const std::string before = testing::ReadFile(out + "/model.safetensors");
+    ExportInput second = MakeInput();
+    second.tensors["norm.weight"] = torch::full({8}, 2.0);
+    env.FailOn(c.op, c.path_part, absl::InternalError("injected: disk on fire"));
+    absl::Status status = ExportDraft(second, out, &env);
+    EXPECT_EQ(env.pending_faults(), 0) << "the fault never fired";
+    ASSERT_FALSE(status.ok());
+    EXPECT_THAT(std::string(status.message()), HasSubstr("export to " + out));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("disk on fire"));
+    EXPECT_EQ(testing::ReadFile(out + "/model.safetensors"), before);
+    ExpectOnly(dir.path(), {"draft"});
+  }
 }
 
 TEST(ExportTest, NeverReplacesADirectoryHoldingOtherFiles) {
