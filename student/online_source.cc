@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/capture_layers.h"
 #include "common/chat_template.h"
 #include "common/jsonl.h"
@@ -68,8 +69,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     // given up when its grace ends). InfiniteFuture while healthy.
     absl::Time lost_since = absl::InfiniteFuture();
     absl::Time next_try;
-    absl::Duration backoff;
-    int attempts = 0;         // since lost_since
+    Backoff backoff{absl::ZeroDuration(), absl::ZeroDuration()};  // set when it is lost
+    int attempts = 0;                                             // since lost_since
     absl::Status last_error;  // the last attempt's, named when it is given up
   };
 
@@ -400,7 +401,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     const absl::Time now = absl::Now();
     if (teacher.lost_since == absl::InfiniteFuture()) {
       teacher.lost_since = now;
-      teacher.backoff = options_.reconnect_backoff;
+      teacher.backoff = Backoff(options_.reconnect_backoff, options_.reconnect_max_backoff);
       teacher.attempts = 0;
       teacher.last_error = absl::OkStatus();
     }
@@ -411,7 +412,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       return;
     }
     teacher.reconnecting = true;
-    teacher.next_try = now + Jittered(teacher.backoff);
+    teacher.next_try = now + Jittered(teacher.backoff.delay());
     SS_LOG_WARN("online: teacher {} lost; reconnecting (grace {} s left)", address,
                 absl::StrFormat("%.1f", absl::ToDoubleSeconds(left)));
     reconnect_cv_.SignalAll();
@@ -527,8 +528,9 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       Teacher& teacher = teachers_[due];
       ++teacher.attempts;
       const absl::Duration left = teacher.lost_since + options_.teacher_grace - now;
-      const absl::Duration timeout = std::min(
-          {options_.stream.connect_timeout, std::max(absl::Seconds(1), teacher.backoff), left});
+      const absl::Duration timeout =
+          std::min({options_.stream.connect_timeout,
+                    std::max(absl::Seconds(1), teacher.backoff.delay()), left});
       const int stream_index = next_stream_index_++;
       mu_.Unlock();
       absl::StatusOr<std::unique_ptr<Stream>> stream = Connect(due, timeout, stream_index);
@@ -555,8 +557,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
         }
         again.last_error = stream.status();
         const absl::Time failed = absl::Now();
-        again.backoff = std::min(again.backoff * 2, options_.reconnect_max_backoff);
-        again.next_try = failed + Jittered(again.backoff);
+        again.backoff.Grow();
+        again.next_try = failed + Jittered(again.backoff.delay());
         const absl::Duration grace_left = again.lost_since + options_.teacher_grace - failed;
         SS_LOG_INFO("online: teacher {} not back (attempt {}): {}; grace {} s left", due,
                     again.attempts, stream.status().ToString(),

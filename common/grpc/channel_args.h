@@ -27,6 +27,11 @@ namespace specstream {
 // every step: multihost_bench 0.65x the clean link; 1.0x with it on).
 inline constexpr int kBulkStreamLookaheadBytes = 64 << 20;
 
+// The control plane's message limit, both ways (the CLI and the daemons to
+// the coordinator): a job carries its spec and last metrics, a heartbeat the
+// log lines its daemon buffered while the coordinator was away.
+inline constexpr int kMaxControlMessageBytes = 64 << 20;
+
 // The server-side arguments of bulk payloads for chunks of `chunk_bytes`:
 // large frames and TCP reads, a write buffer of a few chunks (so a stream
 // keeps the socket busy while its next chunk is framed), as (name, value).

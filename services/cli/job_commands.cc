@@ -17,8 +17,10 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/backoff.h"
 #include "common/file.h"
 #include "common/grpc/auth.h"
+#include "common/grpc/channel_args.h"
 #include "common/grpc/status.h"
 #include "common/jobspec/job_spec.h"
 #include "common/progress.h"
@@ -42,13 +44,9 @@ using v1::JobState;
 // Unary calls are quick (the coordinator answers from its store); 30 s only
 // catches a wedged coordinator.
 constexpr absl::Duration kDefaultRpcTimeout = absl::Seconds(30);
-// Jobs carry their spec and the last metrics; events are single lines.
-constexpr int kMaxMessageBytes = 64 << 20;
-// Reconnecting during a wait: 0.2 s doubling to 5 s, and giving up after the
+// Reconnecting during a wait: ControlPlaneBackoff, and giving up after the
 // coordinator was unreachable for this long in a row (a restart takes
 // seconds; a coordinator gone for minutes needs a person).
-constexpr absl::Duration kFirstBackoff = absl::Milliseconds(200);
-constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
 constexpr absl::Duration kGiveUpAfter = absl::Minutes(5);
 // Reasons can hold a rank's last stderr lines; the list shows the start.
 constexpr size_t kListReasonChars = 80;
@@ -192,13 +190,14 @@ class JobClient final {
     tls.ca = options.tls_ca;
     ASSIGN_OR_RETURN(auto credentials, MakeChannelCredentials(tls));
     grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);
+    args.SetMaxSendMessageSize(kMaxControlMessageBytes);
     // The channel's own reconnect schedule (default: from 1 s, x1.6, up to
     // 120 s) would keep failing our retries fast long after a restarted
     // coordinator is back; follow ours instead.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, absl::ToInt64Milliseconds(kFirstBackoff));
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, absl::ToInt64Milliseconds(kMaxBackoff));
+    const Backoff backoff = ControlPlaneBackoff();
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, absl::ToInt64Milliseconds(backoff.first()));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, absl::ToInt64Milliseconds(backoff.max()));
     auto channel = grpc::CreateCustomChannel(address, credentials, args);
     absl::Duration timeout = options.timeout_seconds > 0 ? absl::Seconds(options.timeout_seconds)
                                                          : absl::InfiniteDuration();
@@ -382,21 +381,23 @@ absl::Status TimedOut(const JobClient& client, const std::string& id, JobState l
                       absl::FormatDuration(client.timeout()), id, StateName(last_state)));
 }
 
-// Sleeps `backoff` (not past the wait deadline) after an UNAVAILABLE;
-// doubles it. Fails once the coordinator was unreachable for kGiveUpAfter.
+// Sleeps `backoff`'s delay (not past the wait deadline) after an
+// UNAVAILABLE, and grows it. Fails once the coordinator was unreachable for
+// kGiveUpAfter.
 absl::Status BackOff(JobClient& client, const absl::Status& error, absl::Time& unavailable_since,
-                     absl::Duration& backoff, std::ostream& err) {
+                     Backoff& backoff, std::ostream& err) {
   absl::Time now = absl::Now();
   if (unavailable_since == absl::InfinitePast()) unavailable_since = now;
   if (now - unavailable_since > kGiveUpAfter) {
     return absl::UnavailableError(
         absl::StrCat(error.message(), " (gave up after ", absl::FormatDuration(kGiveUpAfter), ")"));
   }
-  err << "specstream: " << error.message() << "; reconnecting in " << absl::FormatDuration(backoff)
-      << "\n";
+  err << "specstream: " << error.message() << "; reconnecting in "
+      << absl::FormatDuration(backoff.delay()) << "\n";
   err.flush();
-  absl::SleepFor(std::max(absl::ZeroDuration(), std::min(backoff, client.wait_deadline() - now)));
-  backoff = std::min(backoff * 2, kMaxBackoff);
+  absl::SleepFor(
+      std::max(absl::ZeroDuration(), std::min(backoff.delay(), client.wait_deadline() - now)));
+  backoff.Grow();
   return absl::OkStatus();
 }
 
@@ -404,7 +405,7 @@ absl::Status BackOff(JobClient& client, const absl::Status& error, absl::Time& u
 // exists, mid-wait). Each try waits for the channel to connect, so a
 // restarted coordinator is seen as soon as it listens again.
 absl::StatusOr<Job> GetWithRetry(JobClient& client, const std::string& id, JobState last_state,
-                                 absl::Time& unavailable_since, absl::Duration& backoff,
+                                 absl::Time& unavailable_since, Backoff& backoff,
                                  std::ostream& err) {
   while (true) {
     if (absl::Now() >= client.wait_deadline()) return TimedOut(client, id, last_state);
@@ -425,7 +426,7 @@ absl::StatusOr<Job> GetWithRetry(JobClient& client, const std::string& id, JobSt
 absl::StatusOr<Job> GetWithRetry(JobClient& client, const std::string& id, JobState last_state,
                                  std::ostream& err) {
   absl::Time unavailable_since = absl::InfinitePast();
-  absl::Duration backoff = kFirstBackoff;
+  Backoff backoff = ControlPlaneBackoff();
   return GetWithRetry(client, id, last_state, unavailable_since, backoff, err);
 }
 
@@ -439,7 +440,7 @@ absl::StatusOr<Job> WatchUntilTerminal(JobClient& client, const Job& initial, Ev
   JobState last_state = initial.state();
   int64_t after_seq = 0;
   absl::Time unavailable_since = absl::InfinitePast();
-  absl::Duration backoff = kFirstBackoff;
+  Backoff backoff = ControlPlaneBackoff();
   bool terminal_seen = false;
   while (!terminal_seen) {
     if (absl::Now() >= client.wait_deadline()) return TimedOut(client, id, last_state);
@@ -454,7 +455,7 @@ absl::StatusOr<Job> WatchUntilTerminal(JobClient& client, const Job& initial, Ev
     JobEvent event;
     while (reader->Read(&event)) {
       unavailable_since = absl::InfinitePast();
-      backoff = kFirstBackoff;
+      backoff.Reset();
       after_seq = event.seq();
       absl::Status handled = printer.Handle(event);
       if (event.has_state()) {
@@ -480,7 +481,7 @@ absl::StatusOr<Job> WatchUntilTerminal(JobClient& client, const Job& initial, Ev
         printer.Finish();
         return job;
       }
-      absl::SleepFor(std::min(backoff, client.wait_deadline() - absl::Now()));
+      absl::SleepFor(std::min(backoff.delay(), client.wait_deadline() - absl::Now()));
       continue;
     }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&

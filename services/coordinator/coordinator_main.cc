@@ -26,6 +26,7 @@
 #include "common/exit_code.h"
 #include "common/file.h"
 #include "common/grpc/auth.h"
+#include "common/grpc/channel_args.h"
 #include "common/grpc/reflection.h"
 #include "common/grpc/server_defaults.h"
 #include "common/logging.h"
@@ -131,7 +132,7 @@ absl::Status Run(const Flags& flags) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port), credentials, &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);  // heartbeats carry buffered log lines
+  builder.SetMaxReceiveMessageSize(kMaxControlMessageBytes);
   builder.RegisterService(&jobs);
   builder.RegisterService(&registry);
   builder.RegisterService(&reflection);

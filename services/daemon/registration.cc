@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/backoff.h"
 #include "common/grpc/auth.h"
 #include "common/grpc/channel_args.h"
 #include "common/logging.h"
@@ -18,8 +19,6 @@ namespace specstream::services {
 namespace {
 
 constexpr size_t kMaxPendingLines = 20000;
-// The coordinator accepts heartbeats up to this size (coordinator_main.cc).
-constexpr int kMaxHeartbeatBytes = 64 << 20;
 
 }  // namespace
 
@@ -138,7 +137,7 @@ struct Registration::Impl {
   }
 
   void Loop() {
-    absl::Duration backoff = absl::Milliseconds(200);
+    Backoff backoff = ControlPlaneBackoff();
     while (true) {
       std::string id;
       {
@@ -148,11 +147,11 @@ struct Registration::Impl {
       }
       if (id.empty()) {
         if (TryRegister()) {
-          backoff = absl::Milliseconds(200);
+          backoff.Reset();
           continue;
         }
-        if (Sleep(backoff)) return;
-        backoff = std::min(backoff * 2, absl::Seconds(5));
+        if (Sleep(backoff.delay())) return;
+        backoff.Grow();
         continue;
       }
       if (!Heartbeat(id)) {
@@ -176,7 +175,7 @@ absl::StatusOr<std::unique_ptr<Registration>> Registration::Start(RegistrationOp
   if (!credentials.ok()) return credentials.status();
   auto impl = std::make_unique<Impl>();
   impl->stub = v1::RegistryService::NewStub(grpc::CreateCustomChannel(
-      options.coordinator, *credentials, CoordinatorChannelArguments(kMaxHeartbeatBytes)));
+      options.coordinator, *credentials, CoordinatorChannelArguments(kMaxControlMessageBytes)));
   impl->options = std::move(options);
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Loop(); });
