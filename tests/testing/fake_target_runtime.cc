@@ -45,7 +45,9 @@ absl::StatusOr<std::vector<teacher::SequenceCapture>> FakeTargetRuntime::Forward
   {
     absl::MutexLock lock(&mu_);
     auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_; };
+    ++waiting_;
     mu_.Await(absl::Condition(&released));
+    --waiting_;
     batch_sizes_.push_back(static_cast<int64_t>(request.sequences.size()));
     capture_requests_.push_back(request.capture_layer_ids);
     for (const std::vector<int32_t>& ids : request.sequences) {
@@ -121,6 +123,12 @@ std::vector<int32_t> FakeTargetRuntime::first_ids() const {
 std::vector<std::vector<int>> FakeTargetRuntime::capture_requests() const {
   absl::MutexLock lock(&mu_);
   return capture_requests_;
+}
+
+bool FakeTargetRuntime::AwaitHeldForward(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto waiting = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_ > 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&waiting), timeout);
 }
 
 bool FakeTargetRuntime::AwaitSamples(int64_t n, absl::Duration timeout) const {

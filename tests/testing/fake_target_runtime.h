@@ -59,6 +59,9 @@ class FakeTargetRuntime final : public teacher::TargetRuntime {
   std::vector<std::vector<int>> capture_requests() const;
   // The first token id of every sequence asked for, in the order computed.
   std::vector<int32_t> first_ids() const;
+  // Waits until a Forward call waits on Hold (its batch taken, nothing of it
+  // recorded yet); false past `timeout`.
+  bool AwaitHeldForward(absl::Duration timeout) const;
   // Waits until Forward has been asked for at least `n` sequences in all;
   // false past `timeout`.
   bool AwaitSamples(int64_t n, absl::Duration timeout) const;
@@ -74,6 +77,7 @@ class FakeTargetRuntime final : public teacher::TargetRuntime {
   mutable absl::Mutex mu_;
   int32_t poison_id_ ABSL_GUARDED_BY(mu_) = -1;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // Forward calls waiting on held_
   absl::Duration forward_delay_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> batch_sizes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<int>> capture_requests_ ABSL_GUARDED_BY(mu_);

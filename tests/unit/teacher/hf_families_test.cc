@@ -337,7 +337,7 @@ TEST(HfFamiliesTest, TiedEmbeddingsAreTheLmHead) {
 //     divided, divided)
 //   yarn(8, 10000.0, 4.0, 256)                 = [1.0, 0.0625, 0.0025, 0.00025], att
 //     1.138629436111989 (ramp from low 0 to high 2)
-// (helpers as in tests/unit/common/blocks_test.cc). Linear with factor 4 is
+// (helpers as in tests/unit/common/torch/blocks_test.cc). Linear with factor 4 is
 // checked as position p -> p / 4 with the default frequencies.
 TEST(HfFamiliesTest, RopeScalingKindsMatchTheirFormulas) {
   struct Case {
