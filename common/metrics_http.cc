@@ -30,6 +30,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/net_address.h"
+#include "common/status.h"
 
 namespace specstream {
 namespace {
@@ -583,6 +585,18 @@ MetricsHttpServer::MetricsHttpServer(std::unique_ptr<Impl> impl) : impl_(std::mo
 MetricsHttpServer::~MetricsHttpServer() = default;
 
 int MetricsHttpServer::port() const { return impl_->port; }
+
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartMetricsEndpoint(
+    const std::string& host, int port, const std::string& port_file, MetricsRegistry* registry) {
+  if (port < 0) return std::unique_ptr<MetricsHttpServer>();
+  MetricsHttpOptions options;
+  options.host = host;
+  options.port = port;
+  options.registry = registry;
+  ASSIGN_OR_RETURN(std::unique_ptr<MetricsHttpServer> server, MetricsHttpServer::Start(options));
+  RETURN_IF_ERROR(WritePortFile(port_file, server->port()));
+  return server;
+}
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     MetricsHttpOptions options) {

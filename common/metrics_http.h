@@ -96,6 +96,15 @@ struct MetricsHttpOptions {
 // Rendering runs on that thread too, so a slow collector delays every
 // connection while it runs. Start, port() and the destructor may be called
 // from any thread.
+class MetricsHttpServer;
+
+// A daemon's metrics endpoint (--metrics-port, --metrics-port-file): none
+// (null) when `port` is -1, else a server on `host`:`port` (0: any free
+// one) for `registry`, its bound port written to `port_file` when that is
+// set (WritePortFile).
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartMetricsEndpoint(
+    const std::string& host, int port, const std::string& port_file, MetricsRegistry* registry);
+
 class MetricsHttpServer final {
  public:
   // Binds and starts the serving thread. A missing registry, a port out of

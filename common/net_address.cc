@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 
 namespace specstream {
 
@@ -25,6 +26,11 @@ absl::Status CheckListenPorts(int port, int metrics_port) {
         absl::StrCat("--metrics-port ", metrics_port, " not in [-1, 65535]"));
   }
   return absl::OkStatus();
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return absl::OkStatus();
+  return WriteFileAtomically(path, absl::StrCat(port, "\n"));
 }
 
 bool IsLoopbackHost(absl::string_view host) {

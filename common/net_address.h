@@ -24,6 +24,11 @@ absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_v
 // in [-1, 65535] (-1: off).
 absl::Status CheckListenPorts(int port, int metrics_port);
 
+// A daemon's --port-file and --metrics-port-file: "<port>\n" written
+// atomically to `path` once the port is bound (scripts and tests wait for
+// it). Nothing when `path` is empty.
+absl::Status WritePortFile(const std::string& path, int port);
+
 // Whether a listening host is loopback only: "localhost", 127.0.0.0/8 or
 // ::1 (bracketed or not). "0.0.0.0", "::" and any other name are not.
 bool IsLoopbackHost(absl::string_view host);

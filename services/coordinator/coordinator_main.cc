@@ -143,26 +143,15 @@ absl::Status Run(const Flags& flags) {
 
   MetricsRegistry metrics;
   metrics.AddCollector([&scheduler](MetricsRegistry& r) { scheduler->Collect(r); });
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (flags.metrics_port >= 0) {
-    MetricsHttpOptions http;
-    http.host = flags.host;
-    http.port = flags.metrics_port;
-    http.registry = &metrics;
-    ASSIGN_OR_RETURN(metrics_server, MetricsHttpServer::Start(http));
-    if (!flags.metrics_port_file.empty()) {
-      RETURN_IF_ERROR(
-          WriteFileAtomically(flags.metrics_port_file, absl::StrCat(metrics_server->port(), "\n")));
-    }
-  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<MetricsHttpServer> metrics_server,
+      StartMetricsEndpoint(flags.host, flags.metrics_port, flags.metrics_port_file, &metrics));
 
   SS_LOG_INFO("coordinator listening on {}:{} (db {}, auth {}, tls {})", flags.host, port, flags.db,
               flags.insecure_no_auth ? "OFF" : "user token + daemon credentials",
               flags.tls.cert.empty() ? "off" : "on");
   std::cout << "listening on " << flags.host << ":" << port << std::endl;
-  if (!flags.port_file.empty()) {
-    RETURN_IF_ERROR(WriteFileAtomically(flags.port_file, absl::StrCat(port, "\n")));
-  }
+  RETURN_IF_ERROR(WritePortFile(flags.port_file, port));
 
   // The scheduler's clock: lost daemons, attempt decisions, queued jobs.
   absl::Notification stop_ticking;

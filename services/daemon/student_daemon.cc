@@ -488,9 +488,8 @@ absl::StatusOr<std::unique_ptr<StudentDaemon>> StudentDaemon::Create(StudentDaem
   builder.AddListeningPort(ListenAddress(o.host, o.port), grpc::InsecureServerCredentials(),
                            &impl->port);
   impl->reflection = std::make_unique<ReflectionService>(
-      std::vector<std::string>{}, [token = o.token](grpc::ServerContext& context) {
-        return CheckBearer(context, token);
-      });
+      std::vector<std::string>{},
+      [token = o.token](grpc::ServerContext& context) { return CheckBearer(context, token); });
   builder.RegisterService(impl->reflection.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
@@ -498,20 +497,9 @@ absl::StatusOr<std::unique_ptr<StudentDaemon>> StudentDaemon::Create(StudentDaem
         absl::StrCat("cannot listen on ", ListenAddress(o.host, o.port), " (gRPC health)"));
   }
   impl->address = absl::StrCat(o.host, ":", impl->port);
-  if (!o.port_file.empty()) {
-    RETURN_IF_ERROR(WriteFileAtomically(o.port_file, absl::StrCat(impl->port, "\n")));
-  }
-  if (o.metrics_port >= 0) {
-    MetricsHttpOptions http;
-    http.host = o.host;
-    http.port = o.metrics_port;
-    http.registry = &impl->metrics;
-    ASSIGN_OR_RETURN(impl->metrics_server, MetricsHttpServer::Start(http));
-    if (!o.metrics_port_file.empty()) {
-      RETURN_IF_ERROR(WriteFileAtomically(o.metrics_port_file,
-                                          absl::StrCat(impl->metrics_server->port(), "\n")));
-    }
-  }
+  RETURN_IF_ERROR(WritePortFile(o.port_file, impl->port));
+  ASSIGN_OR_RETURN(impl->metrics_server, StartMetricsEndpoint(o.host, o.metrics_port,
+                                                              o.metrics_port_file, &impl->metrics));
 
   impl->info.set_name(o.name);
   impl->info.set_kind(v1::DAEMON_KIND_STUDENT);

@@ -424,27 +424,16 @@ absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
   }
   ASSIGN_OR_RETURN(auto server, services::TeacherServer::Start(launched->runtime(), options));
   std::cout << "listening on " << server->address() << std::endl;
-  if (!serve.port_file.empty()) {
-    RETURN_IF_ERROR(WriteFileAtomically(serve.port_file, absl::StrCat(server->port(), "\n")));
-  }
+  RETURN_IF_ERROR(WritePortFile(serve.port_file, server->port()));
 
   MetricsRegistry metrics;
   TeacherCore::Stats last_stats;
   metrics.AddCollector([&server, &last_stats](MetricsRegistry& r) {
     ExportTeacherMetrics(server->core().stats(), last_stats, r);
   });
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (serve.metrics_port >= 0) {
-    MetricsHttpOptions metrics_options;
-    metrics_options.host = serve.host;
-    metrics_options.port = serve.metrics_port;
-    metrics_options.registry = &metrics;
-    ASSIGN_OR_RETURN(metrics_server, MetricsHttpServer::Start(metrics_options));
-    if (!serve.metrics_port_file.empty()) {
-      RETURN_IF_ERROR(
-          WriteFileAtomically(serve.metrics_port_file, absl::StrCat(metrics_server->port(), "\n")));
-    }
-  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<MetricsHttpServer> metrics_server,
+      StartMetricsEndpoint(serve.host, serve.metrics_port, serve.metrics_port_file, &metrics));
 
   if (!serve.coordinator.empty()) {
     services::RegistrationOptions reg;

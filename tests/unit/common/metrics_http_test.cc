@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <thread>
@@ -17,8 +18,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/testing/testing.h"
 
 namespace specstream {
 namespace {
@@ -589,6 +592,28 @@ TEST(MetricsHttpServerStartTest, RejectsBadOptionsAndBusyPorts) {
     EXPECT_EQ(write_status.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(write_status.message().find("write_timeout"), std::string::npos) << write_status;
   }
+}
+
+// --- StartMetricsEndpoint ---------------------------------------------------
+
+// What each daemon's --metrics-port / --metrics-port-file do: -1 starts
+// nothing and writes nothing; 0 binds a free port, serves the registry there
+// and writes the port to the file.
+TEST(MetricsEndpointTest, OffWritesNothingAndOnWritesItsBoundPort) {
+  testing::TempDir dir;
+  MetricsRegistry registry;
+  registry.SetGauge("specstream_test_up", "Up.", {}, 1);
+  auto off = StartMetricsEndpoint("127.0.0.1", -1, dir.Join("off.port"), &registry);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(*off, nullptr);
+  EXPECT_FALSE(std::filesystem::exists(dir.Join("off.port")));
+
+  auto on = StartMetricsEndpoint("127.0.0.1", 0, dir.Join("on.port"), &registry);
+  ASSERT_TRUE(on.ok()) << on.status();
+  ASSERT_NE(*on, nullptr);
+  EXPECT_EQ(testing::ReadFile(dir.Join("on.port")), absl::StrCat((*on)->port(), "\n"));
+  EXPECT_TRUE(
+      absl::StrContains(RawRequest((*on)->port(), Get("/metrics")).body, "specstream_test_up 1"));
 }
 
 }  // namespace
