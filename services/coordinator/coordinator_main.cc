@@ -26,11 +26,13 @@ namespace {
 using namespace specstream;            // NOLINT(build/namespaces): a main file
 using namespace specstream::services;  // NOLINT(build/namespaces)
 
-absl::Status Run(const CoordinatorServerOptions& options) {
+absl::Status Run(CoordinatorServerOptions options) {
   RETURN_IF_ERROR(InstallShutdownSignals());
+  options.on_listening = [host = options.host](int port) {
+    std::cout << "listening on " << host << ":" << port << std::endl;
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server, CoordinatorServer::Create(options));
   RETURN_IF_ERROR(server->Start());
-  std::cout << "listening on " << options.host << ":" << server->port() << std::endl;
   const int signal_number = WaitForShutdownSignal();
   SS_LOG_INFO("coordinator: {} received; stopping", strsignal(signal_number));
   server->Stop();

@@ -161,6 +161,7 @@ absl::Status CoordinatorServer::Start() {
   SS_LOG_INFO("coordinator listening on {}:{} (db {}, auth {}, tls {})", o.host, s.port, o.db,
               o.insecure_no_auth ? "OFF" : "user token + daemon credentials",
               o.tls.cert.empty() ? "off" : "on");
+  if (o.on_listening) o.on_listening(s.port);
   RETURN_IF_ERROR(WritePortFile(o.port_file, s.port));
   // The scheduler's clock: lost daemons, attempt decisions, queued jobs.
   const absl::Duration period = absl::Milliseconds(std::max(o.heartbeat_ms / 2, 50));

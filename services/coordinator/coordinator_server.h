@@ -17,6 +17,7 @@
 #ifndef SPECSTREAM_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
 #define SPECSTREAM_SERVICES_COORDINATOR_COORDINATOR_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -40,6 +41,9 @@ struct CoordinatorServerOptions {
   std::string metrics_port_file;
   int heartbeat_ms = 1000;   // the interval daemons heartbeat at
   double lost_after_s = 10;  // without a heartbeat: the daemon is lost
+  // Called with the bound port once the gRPC server listens, before the
+  // port file is written (the binary prints "listening on host:port").
+  std::function<void(int port)> on_listening;
 };
 
 // What can be checked away from the coordinator's machine: timing, ports,

@@ -36,7 +36,7 @@
 #include "common/torch/tensor_util.h"
 #include "common/transport/shm_ring.h"
 #include "services/daemon/registration.h"
-#include "services/teacher/teacher_service.h"
+#include "services/teacher/teacher_daemon.h"
 #include "teacher/decode_target.h"
 #include "teacher/dump.h"
 #include "teacher/gguf_import.h"
@@ -240,232 +240,41 @@ absl::Status RunForward(const RuntimeFlags& flags, const std::string& ids_text) 
   return launched->Shutdown();
 }
 
-struct ServeFlags {
-  std::string host = "127.0.0.1";
-  int port = 0;
-  std::string port_file;
-  std::string payload_dtype = "bfloat16";
-  bool keep_target_ids = false;
-  int64_t max_tokens = 0;
-  int64_t batch_tokens = 8192;
-  int64_t chunk_kib = 1024;
-  int64_t max_queued_mib = 256;            // TeacherServiceOptions::max_queued_request_bytes
-  int64_t max_queued_mib_per_stream = 16;  // ...::max_queued_request_bytes_per_stream
-  int max_streams = 512;
-  int max_streams_per_peer = 64;
-  std::string nccl_device = "auto";
-  double nccl_timeout_s = 60;
-  double shutdown_timeout_s = 30;
-  // Under a coordinator (docs/operations.md): register, heartbeat, and serve
-  // streams only to the tokens of running jobs.
-  std::string coordinator;
-  std::string name;        // default: <advertised host>:<port>
-  std::string model_name;  // a short name jobs may use as model.target
-  std::string advertise;   // host students dial; default --host, or the hostname for 0.0.0.0
-  // Standalone: the token students must present. Under a coordinator: this
-  // daemon's credential there (streams then need a job token).
-  std::string token_file;
-  bool insecure_no_auth = false;
-  std::string tls_ca;  // verifies a TLS coordinator
-  TlsServerFiles tls;  // TeacherService's own TLS
-  int metrics_port = -1;
-  std::string metrics_port_file;
-};
-
-// Prometheus gauges and counters from the service's stats, refreshed at each
-// scrape.
-void ExportTeacherMetrics(const TeacherCore::Stats& stats, TeacherCore::Stats& last,
-                          MetricsRegistry& registry) {
-  registry.AddCounter("specstream_teacher_streams_total", "Sample streams accepted", {},
-                      static_cast<double>(stats.streams - last.streams));
-  registry.AddCounter("specstream_teacher_samples_sent_total", "Samples sent", {},
-                      static_cast<double>(stats.samples_sent - last.samples_sent));
-  registry.AddCounter("specstream_teacher_sample_errors_total", "SampleErrors sent", {},
-                      static_cast<double>(stats.sample_errors - last.sample_errors));
-  registry.AddCounter("specstream_teacher_forward_calls_total", "Target forward calls", {},
-                      static_cast<double>(stats.forward_calls - last.forward_calls));
-  registry.SetGauge("specstream_teacher_queued_request_bytes",
-                    "Bytes held by SampleRequests waiting for a credit (all streams)", {},
-                    static_cast<double>(stats.queued_request_bytes));
-  last = stats;
-}
-
-// --nccl-device's own syntax: the device index, or -1 for "auto" and
-// "none" (NcclDeviceFlag resolves "auto" on this machine).
-absl::StatusOr<int> ParseNcclDeviceIndex(const std::string& value) {
-  if (value == "auto" || value == "none") return -1;
-  int device = -1;
-  if (!absl::SimpleAtoi(value, &device) || device < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--nccl-device: \"", value, "\" is not auto, none or a device index"));
-  }
-  return device;
-}
-
-// --nccl-device: "auto" (in a build with NCCL: the leader's GPU when the
-// target runs on CUDA devices, so payloads leave from where they are
-// computed; else device 0 when one is visible; otherwise NCCL is not
-// offered), "none", or a device index. `devices` is --devices.
-absl::StatusOr<int> NcclDeviceFlag(const std::string& value, const std::string& devices) {
-  if (value == "auto") {
-#if SPECSTREAM_WITH_NCCL
-    const std::string leader = devices.substr(0, devices.find(','));
-    int index = 0;
-    if (absl::StartsWith(leader, "cuda:") && absl::SimpleAtoi(leader.substr(5), &index)) {
-      return index;
-    }
-    return CudaDeviceCount() > 0 ? 0 : -1;
-#else
-    return -1;
-#endif
-  }
-  return ParseNcclDeviceIndex(value);  // TeacherCore::Create checks that it exists
-}
-
 // Everything serve's flags say that can be checked before the model loads
-// and away from the machine they are meant for: names, numbers, ranges,
-// the device list's names and TP/EP layout (not that the devices exist),
-// the coordinator's address. RunServe runs it first; `serve
+// and away from the machine they are meant for: the runtime's names and
+// TP/EP layout (not that the devices exist) and the daemon's
+// (CheckTeacherDaemonOptions). RunServe runs it first; `serve
 // --check-config` runs only it (the Kubernetes manifest checks run each
 // overlay's flags through it). Returns a one-line summary.
-// --max-queued-mib's ceiling (1 TiB): far above any host, and its bytes fit
-// an int64_t.
-constexpr int64_t kMaxQueuedMib = int64_t{1} << 20;
-
-absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags, const ServeFlags& serve) {
+absl::StatusOr<std::string> CheckServeConfig(const RuntimeFlags& flags,
+                                             const services::TeacherDaemonOptions& serve) {
   ASSIGN_OR_RETURN(const RuntimeSpec spec, flags.Spec(/*check_machine=*/false));
-  RETURN_IF_ERROR(ParseHiddenDType("--payload-dtype", serve.payload_dtype).status());
-  RETURN_IF_ERROR(ParseNcclDeviceIndex(serve.nccl_device).status());
-  if (serve.nccl_timeout_s <= 0) return absl::InvalidArgumentError("--nccl-timeout must be > 0");
-  if (serve.shutdown_timeout_s < 0) {
-    return absl::InvalidArgumentError("--shutdown-timeout must be >= 0");
-  }
-  RETURN_IF_ERROR(CheckListenPorts(serve.port, serve.metrics_port));
-  if (serve.host.empty()) return absl::InvalidArgumentError("--host: empty");
-  if (serve.batch_tokens < 1) return absl::InvalidArgumentError("--batch-tokens must be >= 1");
-  if (serve.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
-  if (serve.chunk_kib < 1) return absl::InvalidArgumentError("--chunk-kib must be >= 1");
-  if (serve.max_queued_mib < 1 || serve.max_queued_mib > kMaxQueuedMib) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-queued-mib: ", serve.max_queued_mib,
-                                                   " not in [1, ", kMaxQueuedMib, "]"));
-  }
-  if (serve.max_queued_mib_per_stream < 1 || serve.max_queued_mib_per_stream > kMaxQueuedMib) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-queued-mib-per-stream: ", serve.max_queued_mib_per_stream,
-                     " not in [1, ", kMaxQueuedMib, "]"));
-  }
-  if (serve.max_streams < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-streams: ", serve.max_streams, " must be >= 1"));
-  }
-  if (serve.max_streams_per_peer < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-streams-per-peer: ", serve.max_streams_per_peer, " must be >= 1"));
-  }
-  if (!serve.coordinator.empty()) {
-    RETURN_IF_ERROR(SplitHostPort(serve.coordinator, "--coordinator").status());
-  }
-  RETURN_IF_ERROR(CheckTlsServerFlags(serve.tls));
+  RETURN_IF_ERROR(services::CheckTeacherDaemonOptions(serve));
   return absl::StrCat("runtime ", spec.runtime, ", ", spec.devices.size(), " TP rank(s) on ",
                       absl::StrJoin(spec.devices, ","), ", EP ", spec.ep_size, ", ", spec.dtype,
                       ", payloads ", serve.payload_dtype, ", port ", serve.port,
                       serve.coordinator.empty() ? "" : ", coordinator " + serve.coordinator);
 }
 
-absl::Status RunServe(const RuntimeFlags& flags, const ServeFlags& serve) {
+absl::Status RunServe(const RuntimeFlags& flags, services::TeacherDaemonOptions serve) {
   RETURN_IF_ERROR(CheckServeConfig(flags, serve).status());
-  ASSIGN_OR_RETURN(const int nccl_device, NcclDeviceFlag(serve.nccl_device, flags.devices));
   // Handlers first, so a signal that arrives while the model loads still
   // ends in an orderly shutdown once it has loaded.
   RETURN_IF_ERROR(InstallShutdownSignals());
+  serve.devices = flags.devices;
+  serve.model = flags.model;
+  serve.on_listening = [](const std::string& address) {
+    std::cout << "listening on " << address << std::endl;
+  };
   // Who may stream, decided before the model loads (which can take minutes).
-  ASSIGN_OR_RETURN(const std::string token, LoadToken(serve.token_file));
-  if (!serve.coordinator.empty() && token.empty() && !serve.insecure_no_auth) {
-    return absl::InvalidArgumentError(
-        "--token-file: required with --coordinator (this daemon's credential; or "
-        "--insecure-no-auth for a coordinator without authentication)");
-  }
-  if (serve.coordinator.empty() && token.empty() && !serve.insecure_no_auth &&
-      !IsLoopbackHost(serve.host)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--token-file: required to serve on ", serve.host,
-        " (anyone who reaches the port could stream hidden states); or --insecure-no-auth"));
-  }
-
+  ASSIGN_OR_RETURN(std::unique_ptr<services::TeacherDaemon> daemon,
+                   services::TeacherDaemon::Create(serve));
   ASSIGN_OR_RETURN(auto launched, flags.Launch());
-  services::TeacherServerOptions options;
-  options.host = serve.host;
-  options.port = serve.port;
-  options.service.payload_dtype = serve.payload_dtype;
-  options.service.keep_target_ids = serve.keep_target_ids;
-  options.service.max_tokens = serve.max_tokens;
-  options.service.max_batch_tokens = serve.batch_tokens;
-  options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(serve.chunk_kib, 0)) << 10;
-  options.service.max_queued_request_bytes = serve.max_queued_mib << 20;
-  options.service.max_queued_request_bytes_per_stream = serve.max_queued_mib_per_stream << 20;
-  options.service.max_streams = serve.max_streams;
-  options.service.max_streams_per_peer = serve.max_streams_per_peer;
-  options.service.nccl_device = nccl_device;
-  options.service.nccl_timeout = absl::Seconds(serve.nccl_timeout_s);
-  options.tls = serve.tls;
-  services::JobTokenSet job_tokens;
-  std::unique_ptr<services::Registration> registration;
-  if (!serve.coordinator.empty()) {
-    options.service.authorize = [&job_tokens](const std::string& presented,
-                                              std::function<void(absl::Status)> done) {
-      job_tokens.Admit(presented, absl::Seconds(3), std::move(done));
-    };
-  } else if (!token.empty()) {
-    options.service.authorize = services::TokenAuthorizer(token);
-  } else {
-    SS_LOG_WARN("serve: NO AUTHENTICATION: any client that reaches {} can stream hidden states{}",
-                serve.host,
-                serve.insecure_no_auth ? " (--insecure-no-auth)" : " (loopback: local processes)");
-  }
-  ASSIGN_OR_RETURN(auto server, services::TeacherServer::Start(launched->runtime(), options));
-  std::cout << "listening on " << server->address() << std::endl;
-  RETURN_IF_ERROR(WritePortFile(serve.port_file, server->port()));
-
-  MetricsRegistry metrics;
-  TeacherCore::Stats last_stats;
-  metrics.AddCollector([&server, &last_stats](MetricsRegistry& r) {
-    ExportTeacherMetrics(server->core().stats(), last_stats, r);
-  });
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<MetricsHttpServer> metrics_server,
-      StartMetricsEndpoint(serve.host, serve.metrics_port, serve.metrics_port_file, &metrics));
-
-  if (!serve.coordinator.empty()) {
-    services::RegistrationOptions reg;
-    reg.coordinator = serve.coordinator;
-    reg.token = token;
-    reg.tls.ca = serve.tls_ca;
-    std::string host = serve.advertise;
-    if (host.empty()) host = serve.host == "0.0.0.0" ? LocalHostname() : serve.host;
-    const std::string address = absl::StrCat(host, ":", server->port());
-    reg.info.set_name(serve.name.empty() ? address : serve.name);
-    reg.info.set_kind(v1::DAEMON_KIND_TEACHER);
-    reg.info.set_address(address);
-    reg.info.set_host(host);
-    for (absl::string_view device : absl::StrSplit(flags.devices, ',', absl::SkipEmpty())) {
-      reg.info.add_devices(std::string(device));
-    }
-    reg.info.set_model(std::filesystem::absolute(flags.model).lexically_normal().string());
-    reg.info.set_model_name(serve.model_name);
-    reg.on_reply = [&job_tokens](const v1::HeartbeatResponse& reply) { job_tokens.Replace(reply); };
-    ASSIGN_OR_RETURN(registration, services::Registration::Start(std::move(reg)));
-    job_tokens.SetPoke([raw = registration.get()] { raw->Poke(); });
-  }
-
+  RETURN_IF_ERROR(daemon->Start(launched->runtime()));
   const int signal_number = WaitForShutdownSignal();
   SS_LOG_INFO("serve: {} received; draining streams (deadline {} s)", strsignal(signal_number),
               serve.shutdown_timeout_s);
-  job_tokens.SetPoke({});
-  registration.reset();
-  job_tokens.Close();      // refuses streams still waiting for a verdict
-  metrics_server.reset();  // its collector reads the server
-  server->Shutdown(absl::Seconds(serve.shutdown_timeout_s));
-  server.reset();
+  daemon->Stop();
   return launched->Shutdown();
 }
 
@@ -556,7 +365,7 @@ int main(int argc, char** argv) {
                        "--regenerate: sampling seed (plus the record's id, else its index)");
 
   RuntimeFlags serve_flags;
-  ServeFlags serve;
+  services::TeacherDaemonOptions serve;
   CLI::App* serve_cmd = app.add_subcommand(
       "serve", "Serve TeacherService (gRPC) until SIGTERM/SIGINT, then drain and exit 0");
   serve_flags.Add(serve_cmd);
