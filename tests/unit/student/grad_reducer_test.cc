@@ -60,7 +60,8 @@ TEST(GradReducerTest, EveryRankGetsTheSumOfTheRanksGradientsWhateverTheBuckets) 
     if (bucket_elements == 1000) EXPECT_EQ(buckets[0], 1);
     // d/dp0: 2 (r + 1) p0 on each rank, summed; d/dp1: i + 2 on each; d/dp2:
     // 3 from rank 0, zeros from rank 1.
-    torch::Tensor p0_rank0 = RankParams(0)[0].second.detach(), p0_rank1 = RankParams(1)[0].second.detach();
+    torch::Tensor p0_rank0 = RankParams(0)[0].second.detach(),
+                  p0_rank1 = RankParams(1)[0].second.detach();
     const torch::Tensor g0 = 2 * p0_rank0 + 4 * p0_rank1;
     const torch::Tensor g1 = 2 * (torch::arange(7, torch::kFloat32) + 2);
     const torch::Tensor g2 = torch::full({3}, 3.0);
