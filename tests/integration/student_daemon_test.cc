@@ -10,13 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
-#include "services/coordinator/coordinator_server.h"
 #include "specstream/v1/coordinator.grpc.pb.h"
 #include "tests/testing/grpc_health.h"
+#include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/testing.h"
 
 namespace specstream::services {
@@ -63,17 +61,9 @@ TEST(StudentDaemonTest, CreateRefusesBadOptionsNamingTheFlag) {
 
 TEST(StudentDaemonTest, BindsBeforeRunRegistersInRunAndShutsDown) {
   testing::TempDir dir;
-  CoordinatorServerOptions coordinator_options;
-  coordinator_options.host = "127.0.0.1";
-  coordinator_options.db = dir.Join("jobs.db");
-  coordinator_options.insecure_no_auth = true;
-  coordinator_options.heartbeat_ms = 100;
-  coordinator_options.lost_after_s = 2;
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> coordinator =
-      CoordinatorServer::Create(coordinator_options);
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  ASSERT_TRUE((*coordinator)->Start().ok());
-  const std::string coordinator_address = absl::StrCat("127.0.0.1:", (*coordinator)->port());
+  testing::InProcessCoordinator coordinator(dir);
+  ASSERT_TRUE(coordinator.ok());
+  const std::string coordinator_address = coordinator.address();
 
   absl::StatusOr<std::unique_ptr<StudentDaemon>> daemon =
       StudentDaemon::Create(DaemonOptions(dir, coordinator_address));
@@ -91,17 +81,7 @@ TEST(StudentDaemonTest, BindsBeforeRunRegistersInRunAndShutsDown) {
 
   absl::Status ran;
   std::thread runner([&] { ran = (*daemon)->Run(); });
-  auto stub = v1::RegistryService::NewStub(
-      grpc::CreateChannel(coordinator_address, grpc::InsecureChannelCredentials()));
-  v1::ListDaemonsResponse listed;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline) {
-    grpc::ClientContext context;
-    listed.Clear();
-    ASSERT_TRUE(stub->ListDaemons(&context, v1::ListDaemonsRequest(), &listed).ok());
-    if (listed.daemons_size() > 0) break;
-    absl::SleepFor(absl::Milliseconds(20));  // Run's first registration
-  }
+  const v1::ListDaemonsResponse listed = coordinator.AwaitDaemons(1);
   ASSERT_EQ(listed.daemons_size(), 1);
   EXPECT_EQ(listed.daemons(0).info().kind(), v1::DAEMON_KIND_STUDENT);
   EXPECT_EQ(listed.daemons(0).info().name(), "student-under-test");

@@ -13,14 +13,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
-#include "services/coordinator/coordinator_server.h"
 #include "specstream/v1/coordinator.grpc.pb.h"
 #include "tests/testing/fake_target_runtime.h"
 #include "tests/testing/grpc_health.h"
+#include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/testing.h"
 
 namespace specstream::services {
@@ -87,17 +85,9 @@ TEST(TeacherDaemonTest, StartsInOrderServesAndStops) {
 
 TEST(TeacherDaemonTest, RegistersWithTheCoordinator) {
   testing::TempDir dir;
-  CoordinatorServerOptions coordinator_options;
-  coordinator_options.host = "127.0.0.1";
-  coordinator_options.db = dir.Join("jobs.db");
-  coordinator_options.insecure_no_auth = true;
-  coordinator_options.heartbeat_ms = 100;
-  coordinator_options.lost_after_s = 2;
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> coordinator =
-      CoordinatorServer::Create(coordinator_options);
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  ASSERT_TRUE((*coordinator)->Start().ok());
-  const std::string coordinator_address = absl::StrCat("127.0.0.1:", (*coordinator)->port());
+  testing::InProcessCoordinator coordinator(dir);
+  ASSERT_TRUE(coordinator.ok());
+  const std::string coordinator_address = coordinator.address();
 
   testing::FakeTargetRuntime runtime;
   TeacherDaemonOptions options;
@@ -109,24 +99,13 @@ TEST(TeacherDaemonTest, RegistersWithTheCoordinator) {
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   ASSERT_TRUE((*daemon)->Start(runtime).ok());
 
-  auto stub = v1::RegistryService::NewStub(
-      grpc::CreateChannel(coordinator_address, grpc::InsecureChannelCredentials()));
-  v1::ListDaemonsResponse listed;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline) {
-    grpc::ClientContext context;
-    listed.Clear();
-    ASSERT_TRUE(stub->ListDaemons(&context, v1::ListDaemonsRequest(), &listed).ok());
-    if (listed.daemons_size() > 0) break;
-    absl::SleepFor(absl::Milliseconds(20));  // the registration thread's first call
-  }
+  const v1::ListDaemonsResponse listed = coordinator.AwaitDaemons(1);
   ASSERT_EQ(listed.daemons_size(), 1);
   const v1::DaemonInfo& info = listed.daemons(0).info();
   EXPECT_EQ(info.kind(), v1::DAEMON_KIND_TEACHER);
   EXPECT_EQ(info.address(), (*daemon)->address());
   EXPECT_EQ(info.model_name(), "fake-target");
   (*daemon)->Stop();
-  (*coordinator)->Stop();
 }
 
 }  // namespace
