@@ -82,8 +82,7 @@ struct CoordinatorServer::Impl {
   absl::Notification stop_ticking;
   std::thread ticker;  // the scheduler's clock
   bool started = false;
-  bool stopped = false;
-  absl::Notification stopped_note;
+  absl::Notification stopped;  // Stop() has run
 };
 
 CoordinatorServer::CoordinatorServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -173,12 +172,11 @@ absl::Status CoordinatorServer::Start() {
   return absl::OkStatus();
 }
 
-void CoordinatorServer::Wait() { impl_->stopped_note.WaitForNotification(); }
+void CoordinatorServer::Wait() { impl_->stopped.WaitForNotification(); }
 
 void CoordinatorServer::Stop() {
   Impl& s = *impl_;
-  if (s.stopped) return;
-  s.stopped = true;
+  if (s.stopped.HasBeenNotified()) return;
   if (!s.stop_ticking.HasBeenNotified()) s.stop_ticking.Notify();
   if (s.ticker.joinable()) s.ticker.join();
   if (s.server != nullptr) {
@@ -188,7 +186,7 @@ void CoordinatorServer::Stop() {
     s.server->Wait();
   }
   s.metrics_server.reset();
-  s.stopped_note.Notify();
+  s.stopped.Notify();
 }
 
 int CoordinatorServer::port() const { return impl_->port; }

@@ -127,8 +127,7 @@ struct TeacherDaemon::Impl {
   std::unique_ptr<MetricsHttpServer> metrics_server;
   std::unique_ptr<Registration> registration;
   bool started = false;
-  bool stopped = false;
-  absl::Notification stopped_note;
+  absl::Notification stopped;  // Stop() has run
 };
 
 TeacherDaemon::TeacherDaemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -228,12 +227,11 @@ absl::Status TeacherDaemon::Start(teacher::TargetRuntime& runtime) {
   return absl::OkStatus();
 }
 
-void TeacherDaemon::Wait() { impl_->stopped_note.WaitForNotification(); }
+void TeacherDaemon::Wait() { impl_->stopped.WaitForNotification(); }
 
 void TeacherDaemon::Stop() {
   Impl& s = *impl_;
-  if (s.stopped) return;
-  s.stopped = true;
+  if (s.stopped.HasBeenNotified()) return;
   s.job_tokens.SetPoke({});
   s.registration.reset();
   s.job_tokens.Close();      // refuses streams still waiting for a verdict
@@ -242,7 +240,7 @@ void TeacherDaemon::Stop() {
     s.server->Shutdown(absl::Seconds(s.options.shutdown_timeout_s));
     s.server.reset();
   }
-  s.stopped_note.Notify();
+  s.stopped.Notify();
 }
 
 int TeacherDaemon::port() const { return impl_->server != nullptr ? impl_->server->port() : 0; }
