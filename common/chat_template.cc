@@ -284,6 +284,29 @@ absl::StatusOr<PromptRecord> PromptFromRecord(const nlohmann::json& record,
   return prompt;
 }
 
+absl::Status CheckRoomForAnswer(int64_t length, int64_t max_length, absl::string_view field) {
+  if (max_length > 0 && length >= max_length) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt's ", length,
+                                                   " tokens leave no room for an answer under ",
+                                                   field, " ", max_length));
+  }
+  return absl::OkStatus();
+}
+
+TokenizedSample AnsweredSample(const std::vector<int32_t>& prompt,
+                               const std::vector<int32_t>& answer, int64_t max_length) {
+  TokenizedSample sample;
+  sample.input_ids = prompt;
+  sample.loss_mask.assign(prompt.size(), 0);
+  sample.input_ids.insert(sample.input_ids.end(), answer.begin(), answer.end());
+  sample.loss_mask.resize(sample.input_ids.size(), 1);
+  if (max_length > 0 && static_cast<int64_t>(sample.input_ids.size()) > max_length) {
+    sample.input_ids.resize(max_length);
+    sample.loss_mask.resize(max_length);
+  }
+  return sample;
+}
+
 absl::StatusOr<TokenizedSample> SampleFromRecord(const nlohmann::json& record,
                                                  const RecordOptions& options) {
   if (!record.is_object()) return absl::InvalidArgumentError("record must be a JSON object");

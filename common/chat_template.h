@@ -93,6 +93,13 @@ struct PromptRecord {
 };
 absl::StatusOr<PromptRecord> PromptFromRecord(const nlohmann::json& record,
                                               const RecordOptions& options);
+// InvalidArgument when a prompt of `length` tokens leaves no room for an
+// answer under `max_length` (0: no limit), which `field` names.
+absl::Status CheckRoomForAnswer(int64_t length, int64_t max_length, absl::string_view field);
+// A regenerated sample: `prompt` (loss 0), then `answer` (loss 1), cut to
+// `max_length` tokens (0: no limit).
+TokenizedSample AnsweredSample(const std::vector<int32_t>& prompt,
+                               const std::vector<int32_t>& answer, int64_t max_length);
 
 // Tokenizes `rendered.text` and builds the loss mask from its trained spans.
 absl::StatusOr<TokenizedSample> TokenizeRendered(const Tokenizer& tokenizer,

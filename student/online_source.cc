@@ -1,9 +1,12 @@
 #include "student/online_source.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -97,12 +100,25 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
 
   absl::Status Init() {
     RecordOptions record_options;
+    std::vector<PromptRecord> prompts;  // data.regenerate
     RETURN_IF_ERROR(
         ForEachJsonLine(options_.data, [&](int64_t, const nlohmann::json& record) -> absl::Status {
+          if (options_.regenerate.on) {
+            ASSIGN_OR_RETURN(PromptRecord prompt, PromptFromRecord(record, record_options));
+            RETURN_IF_ERROR(CheckRoomForAnswer(static_cast<int64_t>(prompt.ids.size()),
+                                               options_.max_length, "data.max_length"));
+            // The sample's id seeds its answer: the record's "id", else its
+            // index among the records (as `dump --regenerate` seeds it).
+            if (!prompt.id.has_value()) prompt.id = static_cast<int64_t>(samples_.size());
+            prompts.push_back(std::move(prompt));
+            samples_.emplace_back();  // the prompt and its answer, once answered
+            return absl::OkStatus();
+          }
           ASSIGN_OR_RETURN(TokenizedSample sample, SampleFromRecord(record, record_options));
           samples_.push_back(std::move(sample));
           return absl::OkStatus();
         }));
+    if (options_.regenerate.on) RETURN_IF_ERROR(CheckRegenerateOptions());
     if (samples_.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("data.tokenized ", options_.data, " holds no samples"));
@@ -127,6 +143,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     // join streams_ (and start) once every teacher has answered.
     std::vector<std::string> errors;
     std::vector<std::unique_ptr<Stream>> opened;
+    std::set<std::string> answerers;  // teachers whose Describe says `answers`
     for (size_t i = 0; i < options_.teachers.size(); ++i) {
       // Ranks start on different teachers.
       const std::string& address =
@@ -141,6 +158,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       }
       const v1::DescribeResponse& response = *described;
       ASSIGN_OR_RETURN(const ModelContract model, Served(address, response));
+      if (response.answers()) answerers.insert(address);
       if (opened.empty()) {
         model_ = model;
         max_tokens_ = response.max_tokens();
@@ -165,6 +183,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       return absl::UnavailableError(
           absl::StrCat("no teacher answered: ", absl::StrJoin(errors, "; ")));
     }
+    if (options_.regenerate.on) RETURN_IF_ERROR(AnswerPrompts(prompts, answerers));
     for (int64_t i = 0; i < static_cast<int64_t>(samples_.size()); ++i) {
       const int64_t len = static_cast<int64_t>(samples_[i].input_ids.size());
       if (max_tokens_ > 0 && len > max_tokens_) {
@@ -193,6 +212,140 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     has_target_ids_ = first.target_ids.defined();
     hidden_dtype_ = first.aux_hidden.scalar_type();
     Release(0);
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckRegenerateOptions() const {
+    const RegenerateOptions& r = options_.regenerate;
+    if (r.max_new_tokens < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.regenerate.max_new_tokens: ", r.max_new_tokens, " must be >= 1"));
+    }
+    if (!(r.temperature >= 0) || !std::isfinite(r.temperature)) {
+      return absl::InvalidArgumentError(absl::StrCat("data.regenerate.temperature: ", r.temperature,
+                                                     " must be finite and >= 0 (0: greedy)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // data.regenerate: every prompt's answer from the teachers that give them
+  // (OnlineSourceOptions' comment says how), one worker per teacher; then
+  // samples_ holds each prompt and its answer.
+  absl::Status AnswerPrompts(const std::vector<PromptRecord>& prompts,
+                             const std::set<std::string>& answerers) {
+    std::vector<std::string> teachers;  // in the job's order, the same on every rank
+    for (const std::string& address : options_.teachers) {
+      if (answerers.count(address) > 0 &&
+          std::find(teachers.begin(), teachers.end(), address) == teachers.end()) {
+        teachers.push_back(address);
+      }
+    }
+    if (teachers.empty()) {
+      return absl::FailedPreconditionError(
+          "data.regenerate: no teacher answers prompts (answers need a teacher serving with "
+          "--runtime hf on one rank, no --tp)");
+    }
+    const int64_t n = static_cast<int64_t>(prompts.size());
+    const RegenerateOptions& r = options_.regenerate;
+    SS_LOG_INFO(
+        "online: regenerating {} answer(s) (at most {} tokens, temperature {}, seed {}) "
+        "on {} teacher(s)",
+        n, r.max_new_tokens, r.temperature, r.seed, teachers.size());
+    struct Work {
+      absl::Mutex mu;
+      std::vector<std::deque<int64_t>> own ABSL_GUARDED_BY(mu);  // per teacher
+      std::deque<int64_t> orphans ABSL_GUARDED_BY(mu);           // those of teachers given up
+      int64_t asking ABSL_GUARDED_BY(mu) = 0;                    // requests in flight
+      int64_t answered ABSL_GUARDED_BY(mu) = 0;
+      int64_t answer_tokens ABSL_GUARDED_BY(mu) = 0;
+      absl::Status failed ABSL_GUARDED_BY(mu);
+      std::vector<std::string> lost ABSL_GUARDED_BY(mu);  // why each given-up teacher was
+    } work;
+    {
+      absl::MutexLock lock(&work.mu);
+      work.own.resize(teachers.size());
+      for (int64_t i = 0; i < n; ++i) work.own[i % teachers.size()].push_back(i);
+    }
+    std::vector<std::vector<int32_t>> answers(n);
+    const absl::Time start = absl::Now();
+    absl::Time next_report = start + absl::Seconds(10);
+    auto worker = [&](size_t t) {
+      while (true) {
+        int64_t i;
+        {
+          // A worker whose own prompts are done waits while others still
+          // decode: a teacher that fails then leaves it its prompts.
+          absl::MutexLock lock(&work.mu);
+          auto ready = [&work, t]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(work.mu) {
+            return !work.failed.ok() || !work.own[t].empty() || !work.orphans.empty() ||
+                   work.asking == 0;
+          };
+          work.mu.Await(absl::Condition(&ready));
+          std::deque<int64_t>& queue = !work.own[t].empty() ? work.own[t] : work.orphans;
+          if (!work.failed.ok() || queue.empty()) return;
+          i = queue.front();
+          queue.pop_front();
+          ++work.asking;
+        }
+        v1::AnswerRequest request;
+        request.set_sample_id(*prompts[i].id);
+        request.mutable_prompt_ids()->Add(prompts[i].ids.begin(), prompts[i].ids.end());
+        request.set_max_new_tokens(r.max_new_tokens);
+        request.set_temperature(r.temperature);
+        request.set_seed(r.seed);
+        absl::StatusOr<std::vector<int32_t>> answer =
+            options_.connector->Answer(teachers[t], request, options_.stream.sample_timeout);
+        absl::MutexLock lock(&work.mu);
+        --work.asking;
+        if (answer.ok()) {
+          work.answer_tokens += static_cast<int64_t>(answer->size());
+          answers[i] = *std::move(answer);
+          ++work.answered;
+          if (const absl::Time now = absl::Now(); now >= next_report || work.answered == n) {
+            next_report = now + absl::Seconds(10);
+            SS_LOG_INFO("online: {}/{} answers ({:.1f} tokens each), {:.0f} s", work.answered, n,
+                        static_cast<double>(work.answer_tokens) / work.answered,
+                        absl::ToDoubleSeconds(now - start));
+          }
+          continue;
+        }
+        const absl::StatusCode code = answer.status().code();
+        if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded &&
+            code != absl::StatusCode::kCancelled && code != absl::StatusCode::kResourceExhausted) {
+          if (work.failed.ok()) {
+            work.failed =
+                absl::Status(code, absl::StrCat("data.regenerate: teacher ", teachers[t],
+                                                " refused the prompt of sample ", *prompts[i].id,
+                                                " (record ", i, "): ", answer.status().message()));
+          }
+          return;
+        }
+        // The teacher is given up for answers; what it still had goes to
+        // the others (the same answers: they are deterministic).
+        SS_LOG_WARN("online: teacher {} failed an answer ({}); its {} prompt(s) go to the others",
+                    teachers[t], answer.status().ToString(), work.own[t].size() + 1);
+        work.lost.push_back(std::string(answer.status().message()));
+        work.orphans.push_back(i);
+        for (int64_t rest : work.own[t]) work.orphans.push_back(rest);
+        answers_retried_ += static_cast<int64_t>(work.own[t].size()) + 1;
+        work.own[t].clear();
+        return;
+      }
+    };
+    std::vector<std::thread> workers;
+    for (size_t t = 0; t < teachers.size(); ++t) workers.emplace_back(worker, t);
+    for (std::thread& thread : workers) thread.join();
+    absl::MutexLock lock(&work.mu);
+    RETURN_IF_ERROR(work.failed);
+    if (work.answered < n) {
+      return absl::UnavailableError(
+          absl::StrCat("data.regenerate: ", n - work.answered,
+                       " prompt(s) unanswered: every teacher that answers failed (",
+                       absl::StrJoin(work.lost, "; "), ")"));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      samples_[i] = AnsweredSample(prompts[i].ids, answers[i], options_.max_length);
+    }
     return absl::OkStatus();
   }
 
@@ -723,6 +876,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // the most credits ReserveOutstanding asked for
   int next_stream_index_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reconnects_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> answers_retried_{0};  // AnswerPrompts
   std::mt19937_64 random_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
   absl::CondVar reconnect_cv_;  // a teacher was lost, or the source is closing
   std::thread reconnector_;     // ReconnectLoop, while teacher_grace > 0
@@ -795,6 +949,8 @@ int64_t OnlineSource::refetches() const {
   absl::MutexLock lock(&impl_->mu_);
   return impl_->refetches_;
 }
+
+int64_t OnlineSource::answers_retried() const { return impl_->answers_retried_; }
 
 int64_t OnlineSource::reconnects() const {
   absl::MutexLock lock(&impl_->mu_);

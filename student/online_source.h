@@ -61,8 +61,30 @@
 
 namespace specstream::student {
 
+// data.regenerate: the teachers write each sample's answer. The data then
+// holds prompts ({"input_ids": prompt ids rendered with the generation
+// prompt}, an optional integer "id"); Open asks the teachers for every
+// answer (TeacherService.Answer) before any stream starts, and each sample is
+// the prompt (loss 0) and its answer (loss 1), cut to max_length. Prompt i
+// goes to the i-th answering teacher of `teachers` in turn (every rank asks
+// the same one, which decodes it once); a teacher that fails (unavailable,
+// deadline) is given up for answers and its prompts go to the others.
+// Answers are deterministic (sampled with seed + id, greedy at temperature
+// 0), so a prompt answered again elsewhere, on resume or on another rank,
+// is the same sample.
+struct RegenerateOptions {
+  bool on = false;
+  int64_t max_new_tokens = jobspec::kDefaultRegenerateTokens;  // >= 1
+  double temperature = 0;                                      // >= 0; 0: greedy
+  uint64_t seed = 0;
+};
+
 struct OnlineSourceOptions {
-  std::string data;  // pre-tokenized JSONL: {"input_ids": [...], "loss_mask": [...]}
+  // Pre-tokenized JSONL: {"input_ids": [...], "loss_mask": [...]}; prompts
+  // under `regenerate`.
+  std::string data;
+  int64_t max_length = 0;  // data.max_length: samples are cut to it (0: no limit)
+  RegenerateOptions regenerate;
   std::vector<std::string> teachers;  // "host:port" of each teacher daemon
   // How this rank reaches them (required; shared by the ranks of a process).
   std::shared_ptr<TeacherConnector> connector;
@@ -121,6 +143,8 @@ class OnlineSource final : public SampleSource {
   int64_t refetches() const;
   // Streams opened again to a lost teacher within its grace.
   int64_t reconnects() const;
+  // Regeneration: prompts asked again of another teacher after theirs failed.
+  int64_t answers_retried() const;
 
   class Impl;
 

@@ -133,6 +133,11 @@ class TeacherConnector {
   virtual absl::StatusOr<std::unique_ptr<TeacherStream>> NewStream(
       const std::string& address, const v1::DescribeResponse& teacher,
       const TeacherStreamOptions& options, absl::Mutex& mu, TeacherStreamEvents& events) = 0;
+  // The target's answer to a prompt (TeacherService.Answer; the teacher's
+  // Describe said `answers`), within `timeout`. Thread-safe; blocks.
+  virtual absl::StatusOr<std::vector<int32_t>> Answer(const std::string& address,
+                                                      const v1::AnswerRequest& request,
+                                                      absl::Duration timeout) = 0;
 };
 
 }  // namespace specstream::student

@@ -52,6 +52,13 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromJobSpec(const specstream::v1::Job
     c.teacher_grace = absl::Seconds(spec.data().teacher_grace_s());
   }
   c.ledger_dir = spec.data().ledger_dir();
+  if (spec.data().has_regenerate()) {
+    const v1::RegenerateSpec& regenerate = spec.data().regenerate();
+    c.regenerate.on = true;
+    if (regenerate.max_new_tokens() > 0) c.regenerate.max_new_tokens = regenerate.max_new_tokens();
+    c.regenerate.temperature = regenerate.temperature();
+    c.regenerate.seed = regenerate.seed();
+  }
   if (!spec.data().transport().empty()) c.transport = spec.data().transport();
   c.target_dir = spec.model().target();
   const auto& draft = spec.model().draft();
@@ -124,6 +131,8 @@ absl::StatusOr<std::unique_ptr<SampleSource>> OpenSampleSource(const TrainerConf
   }
   OnlineSourceOptions online;
   online.data = c.tokenized;
+  online.max_length = c.max_length;
+  online.regenerate = c.regenerate;
   online.teachers = c.teachers;
   online.connector = c.teacher_connector;
   online.rank = rank;

@@ -52,6 +52,7 @@
 #include "student/epoch_plan.h"
 #include "student/grad_reducer.h"
 #include "student/metrics_sink.h"
+#include "student/online_source.h"
 #include "student/optimizer.h"
 #include "student/teacher_connection.h"
 #include "student/train_state.h"
@@ -70,6 +71,7 @@ struct TrainerConfig {
   absl::Duration teacher_grace = absl::Seconds(60);
   std::string transport = "auto";  // auto | inline | shm | nccl (TeacherStreamOptions)
   std::string ledger_dir;          // ledger-rank<r>.jsonl of trained samples; empty: none
+  RegenerateOptions regenerate;    // data.regenerate: the teachers write the answers
   std::string job_token;           // bearer token for teacher streams (coordinator jobs)
   // How the rank reaches the teachers (student/teacher_connection.h):
   // required for online training; specstream-student passes the gRPC one

@@ -59,6 +59,17 @@ void ComputeBatcher::Enqueue(ComputeJob job) {
   ++queued_;
 }
 
+void ComputeBatcher::EnqueueTask(Task task) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      tasks_.push_back(std::move(task));
+      return;
+    }
+  }
+  task(nullptr);  // too late: dropped as Stop drops them
+}
+
 bool ComputeBatcher::TakeNextLocked(std::deque<ComputeJob>& batch, int64_t& longest,
                                     std::vector<ComputeJob>& dropped) {
   while (!turns_.empty()) {
@@ -109,8 +120,13 @@ void ComputeBatcher::Stop() {
   }
   if (thread_.joinable()) thread_.join();
   std::vector<ComputeJob> dropped;  // released outside the lock
-  absl::MutexLock lock(&mu_);
-  dropped = TakeAllLocked();
+  std::deque<Task> tasks;
+  {
+    absl::MutexLock lock(&mu_);
+    dropped = TakeAllLocked();
+    tasks.swap(tasks_);
+  }
+  for (Task& task : tasks) task(nullptr);
 }
 
 int64_t ComputeBatcher::queued_jobs() const {
@@ -127,17 +143,28 @@ void ComputeBatcher::Loop() {
   while (true) {
     std::deque<ComputeJob> batch;
     std::vector<ComputeJob> dropped;  // jobs of ended sinks, released outside the lock
+    Task task;
     {
       absl::MutexLock lock(&mu_);
-      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || queued_ > 0; };
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || queued_ > 0 || !tasks_.empty();
+      };
       mu_.Await(absl::Condition(&wake));
       if (stopping_) return;
-      // Sinks in turn (Enqueue); a batch grows while its padded size
-      // (count x longest) stays within max_batch_tokens.
-      int64_t longest = 0;
-      while (TakeNextLocked(batch, longest, dropped)) {
+      if (!tasks_.empty() && (task_turn_ || queued_ == 0)) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+        task_turn_ = false;
+      } else {
+        // Sinks in turn (Enqueue); a batch grows while its padded size
+        // (count x longest) stays within max_batch_tokens.
+        int64_t longest = 0;
+        while (TakeNextLocked(batch, longest, dropped)) {
+        }
+        task_turn_ = true;
       }
     }
+    if (task) task(&runtime_);
     if (!batch.empty()) RunBatch(batch);
   }
 }

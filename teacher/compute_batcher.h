@@ -101,6 +101,13 @@ class ComputeBatcher final {
   // many those have queued (P24: 200 streams that never read cannot push an
   // admitted job's sample back by their whole backlog).
   void Enqueue(ComputeJob job);
+  // Queues work of another kind on the compute thread (a prompt's answer:
+  // TeacherCore::Answer). Tasks and batches take turns: one task, then one
+  // batch, while both wait. The task is called with the runtime on the
+  // compute thread, or with nullptr (outside any lock, on the thread that
+  // called Stop) when Stop drops it, so that whoever waits hears.
+  using Task = std::function<void(TargetRuntime* runtime)>;
+  void EnqueueTask(Task task);
   // Stops the compute thread after its current batch; jobs still queued are
   // dropped. Idempotent.
   void Stop();
@@ -147,6 +154,8 @@ class ComputeBatcher final {
   std::list<SinkJobs> turns_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SampleSink*, std::list<SinkJobs>::iterator> by_sink_ ABSL_GUARDED_BY(mu_);
   int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // jobs in turns_
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool task_turn_ ABSL_GUARDED_BY(mu_) = true;  // a task goes next when both wait
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t forward_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;

@@ -1,5 +1,8 @@
 #include "teacher/decode_target.h"
 
+#include <filesystem>
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -30,6 +33,17 @@ std::vector<int32_t> StopIds(const HfModelConfig& config, const Tokenizer* token
     }
   }
   return stop;
+}
+
+absl::StatusOr<std::vector<int32_t>> AnswerStopIds(const HfModelConfig& config,
+                                                   const std::string& model_dir,
+                                                   const std::string& tokenizer_dir) {
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!tokenizer_dir.empty() || std::filesystem::exists(model_dir + "/tokenizer.json")) {
+    ASSIGN_OR_RETURN(tokenizer,
+                     Tokenizer::FromDirectory(tokenizer_dir.empty() ? model_dir : tokenizer_dir));
+  }
+  return StopIds(config, tokenizer.get());
 }
 
 absl::StatusOr<spec::DecodeResult> TargetAnswers::Answer(const std::vector<int32_t>& prompt,

@@ -5,6 +5,7 @@
 #ifndef SPECSTREAM_TEACHER_DECODE_TARGET_H_
 #define SPECSTREAM_TEACHER_DECODE_TARGET_H_
 
+#include <string>
 #include <vector>
 
 #include "common/torch/speculative.h"
@@ -37,6 +38,12 @@ class DecodeTarget final : public spec::Target {
 // end-of-turn tokens (<|im_end|>, <|eot_id|>, <|endoftext|>) where it has
 // them (`tokenizer` may be null).
 std::vector<int32_t> StopIds(const HfModelConfig& config, const Tokenizer* tokenizer);
+// StopIds with the tokenizer in `tokenizer_dir`, else the one in `model_dir`
+// where it has a tokenizer.json, else none: what `specstream-eval generate`,
+// `dump --regenerate` and a serving teacher's answers stop at.
+absl::StatusOr<std::vector<int32_t>> AnswerStopIds(const HfModelConfig& config,
+                                                   const std::string& model_dir,
+                                                   const std::string& tokenizer_dir = "");
 
 // The target answering prompts itself: target-only decoding on its KV cache
 // (spec::Decode with no draft), at most `options.max_new_tokens` tokens,

@@ -39,26 +39,11 @@ int64_t CountRecords(const std::string& path) {
 absl::StatusOr<TokenizedSample> Regenerate(const nlohmann::json& record, int64_t index,
                                            const RecordOptions& options, TargetAnswers& answers) {
   ASSIGN_OR_RETURN(PromptRecord prompt, PromptFromRecord(record, options));
-  const int64_t length = static_cast<int64_t>(prompt.ids.size());
-  if (options.max_length > 0 && length >= options.max_length) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt's ", length,
-                                                   " tokens leave no room for an answer under "
-                                                   "--max-length ",
-                                                   options.max_length));
-  }
+  RETURN_IF_ERROR(CheckRoomForAnswer(static_cast<int64_t>(prompt.ids.size()), options.max_length,
+                                     "--max-length"));
   ASSIGN_OR_RETURN(spec::DecodeResult answer,
                    answers.Answer(prompt.ids, prompt.id.value_or(index)));
-  TokenizedSample sample;
-  sample.input_ids = std::move(prompt.ids);
-  sample.loss_mask.assign(sample.input_ids.size(), 0);
-  sample.input_ids.insert(sample.input_ids.end(), answer.tokens.begin(), answer.tokens.end());
-  sample.loss_mask.resize(sample.input_ids.size(), 1);
-  if (options.max_length > 0 &&
-      static_cast<int64_t>(sample.input_ids.size()) > options.max_length) {
-    sample.input_ids.resize(options.max_length);
-    sample.loss_mask.resize(options.max_length);
-  }
-  return sample;
+  return AnsweredSample(prompt.ids, answer.tokens, options.max_length);
 }
 
 }  // namespace

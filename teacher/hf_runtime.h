@@ -57,6 +57,8 @@ class HfRuntime final : public TensorParallelRuntime {
   // depend on how many rows are extended at once. InvalidArgument for no
   // ids, an id outside the vocab, positions past max_position_embeddings or
   // a capture layer outside the model; the cache is then unchanged.
+  // Whether Extend works here: one rank (tp_size 1).
+  bool can_decode() const { return options_.tp_size == 1; }
   absl::StatusOr<SequenceCapture> Extend(KvCache& cache, const std::vector<int32_t>& ids,
                                          const std::vector<int>& capture_ids = {});
 

@@ -1,6 +1,8 @@
 #include "teacher/teacher_core.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,8 @@
 #include "common/transport/nccl_channel.h"
 #include "common/transport/nccl_util.h"
 #endif
+#include "teacher/decode_target.h"
+#include "teacher/hf_runtime.h"
 #include "teacher/sample_tensors.h"
 #include "teacher/target_runtime.h"
 
@@ -133,6 +137,12 @@ absl::StatusOr<std::unique_ptr<TeacherCore>> TeacherCore::Create(TargetRuntime& 
   // Without a boot id a student could not tell that it shares the host.
   if (!d.boot_id().empty() && !d.hostname().empty()) d.add_transports(v1::TRANSPORT_SHM);
   if (core->offers_nccl()) d.add_transports(v1::TRANSPORT_NCCL);
+  if (const auto* hf = dynamic_cast<const HfRuntime*>(&runtime);
+      hf != nullptr && hf->can_decode()) {
+    d.set_answers(true);
+    core->answer_stop_ids_ =
+        o.answer_stop_ids.empty() ? StopIds(hf->config(), nullptr) : o.answer_stop_ids;
+  }
   d.set_max_message_bytes(static_cast<int64_t>(
       std::max<uint64_t>(o.chunk_bytes + kMaxChunkHeaderBytes, kMaxControlMessageBytes)));
 
@@ -313,9 +323,135 @@ void TeacherCore::StartDraining() {
 }
 
 bool TeacherCore::WaitUntilIdle(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sessions_.empty(); };
-  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sessions_.empty(); };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) return false;
+  }
+  // Answers queued while draining end at once; one being decoded finishes.
+  absl::MutexLock lock(&answers_mu_);
+  auto answered = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(answers_mu_) { return answers_pending_ == 0; };
+  return answers_mu_.AwaitWithDeadline(absl::Condition(&answered), deadline);
+}
+
+// --- Answers ---------------------------------------------------------------------
+
+absl::StatusOr<int64_t> TeacherCore::CheckAnswerRequest(const v1::AnswerRequest& request) const {
+  const int64_t length = request.prompt_ids_size();
+  if (length < 1 || length >= max_tokens_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_ids: ", length, " ids; a prompt has 1 to ", max_tokens_ - 1,
+                     " (max_tokens ", max_tokens_, " leaves room for one answer token)"));
+  }
+  const int64_t vocab = description_.vocab_size();
+  for (int64_t i = 0; i < length; ++i) {
+    const int32_t id = request.prompt_ids(static_cast<int>(i));
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_ids[", i, "]: ", id, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  if (request.max_new_tokens() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens: ", request.max_new_tokens(), " must be >= 1"));
+  }
+  if (!(request.temperature() >= 0) || !std::isfinite(request.temperature())) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature: ", request.temperature(),
+                                                   " must be finite and >= 0 (0: greedy)"));
+  }
+  return std::min(request.max_new_tokens(), max_tokens_ - length);
+}
+
+void TeacherCore::Answer(const v1::AnswerRequest& request, AnswerDone done) {
+  if (!description_.answers()) {
+    return done(absl::UnimplementedError(
+        "this teacher does not answer prompts: its runtime does not decode (answers need "
+        "--runtime hf on one rank, no --tp)"));
+  }
+  absl::StatusOr<int64_t> max_new = CheckAnswerRequest(request);
+  if (!max_new.ok()) return done(max_new.status());
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return done(absl::UnavailableError("the teacher is shutting down"));
+  }
+  std::string key = request.SerializeAsString();
+  std::optional<std::vector<int32_t>> kept;  // handed to `done` without the lock
+  {
+    absl::MutexLock lock(&answers_mu_);
+    auto [it, added] = answers_.try_emplace(key);
+    if (added) {
+      it->second.waiters.push_back(std::move(done));
+      ++answers_pending_;
+    } else if (!it->second.decoded) {
+      it->second.waiters.push_back(std::move(done));
+    } else {
+      kept = it->second.ids;
+    }
+    if (!added) {
+      absl::MutexLock stats_lock(&stats_mu_);
+      ++stats_.answers_reused;
+      if (!kept.has_value()) return;
+    }
+  }
+  if (kept.has_value()) return done(*std::move(kept));
+  batcher_->EnqueueTask(
+      [this, key = std::move(key), request, max_new = *max_new](TargetRuntime* runtime) {
+        DecodeAnswer(runtime, key, request, max_new);
+      });
+}
+
+void TeacherCore::DecodeAnswer(TargetRuntime* runtime, const std::string& key,
+                               const v1::AnswerRequest& request, int64_t max_new) {
+  bool draining;
+  {
+    absl::MutexLock lock(&mu_);
+    draining = draining_;
+  }
+  absl::StatusOr<std::vector<int32_t>> result =
+      absl::UnavailableError("the teacher is shutting down");
+  if (runtime != nullptr && !draining) {
+    spec::DecodeOptions options;
+    options.max_new_tokens = max_new;
+    options.temperature = request.temperature();
+    options.seed = request.seed();
+    options.stop_ids = answer_stop_ids_;
+    // Answer() is set only for an hf runtime that decodes (Create).
+    TargetAnswers answers(static_cast<HfRuntime&>(*runtime), std::move(options));
+    const std::vector<int32_t> prompt(request.prompt_ids().begin(), request.prompt_ids().end());
+    absl::StatusOr<spec::DecodeResult> decoded = answers.Answer(prompt, request.sample_id());
+    if (decoded.ok()) {
+      SS_LOG_DEBUG("teacher service: answered sample {}: {} token(s) after {} prompt token(s)",
+                   request.sample_id(), decoded->tokens.size(), prompt.size());
+      result = std::move(decoded->tokens);
+    } else {
+      result = decoded.status();
+    }
+    absl::MutexLock lock(&stats_mu_);
+    ++stats_.answers_decoded;
+  }
+  std::vector<AnswerDone> waiters;
+  {
+    absl::MutexLock lock(&answers_mu_);
+    auto it = answers_.find(key);
+    waiters.swap(it->second.waiters);
+    if (result.ok() && options_.answer_cache_tokens > 0) {
+      it->second.decoded = true;
+      it->second.ids = *result;
+      answers_kept_order_.push_back(key);
+      answers_kept_tokens_ += static_cast<int64_t>(result->size());
+      while (answers_kept_tokens_ > options_.answer_cache_tokens) {
+        auto oldest = answers_.find(answers_kept_order_.front());
+        answers_kept_tokens_ -= static_cast<int64_t>(oldest->second.ids.size());
+        answers_.erase(oldest);
+        answers_kept_order_.pop_front();
+      }
+    } else {
+      answers_.erase(it);
+    }
+    --answers_pending_;
+  }
+  for (AnswerDone& done : waiters) done(result);
 }
 
 void TeacherCore::Stop() {

@@ -11,9 +11,11 @@
 #define SPECSTREAM_TEACHER_TEACHER_CORE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -111,6 +113,14 @@ struct TeacherServiceOptions {
   // Per-peer limits on calls still being authorized and on refusals
   // (common/peer_limiter.h); apply only when `authorize` is set.
   PeerLimiterOptions peer_limits;
+  // Answers (rpc Answer, an hf runtime on one rank): the ids that end one.
+  // Empty: the model's eos ids. `serve` passes StopIds (teacher/
+  // decode_target.h) with the model's tokenizer, as `dump --regenerate` and
+  // `specstream-eval generate` use.
+  std::vector<int32_t> answer_stop_ids;
+  // Answer ids kept for repeated requests (every rank of a job asks for
+  // every answer; the first computes it), oldest dropped first; >= 0.
+  int64_t answer_cache_tokens = int64_t{4} << 20;
 };
 
 class TeacherCore final {
@@ -155,6 +165,16 @@ class TeacherCore final {
   // The session's call is done (after its OnDone); it leaves the registry.
   void SessionDone(StreamSession* session);
 
+  // The target's answer to a prompt (rpc Answer; Admit it first): decoded
+  // on the compute thread, between batches, or taken from the answers kept
+  // (a request equal to one being decoded waits for it). `done` gets the
+  // answer ids once, from any thread, maybe before Answer returns:
+  // InvalidArgument naming the field for a bad request, Unimplemented when
+  // the runtime does not decode (Describe.answers false), Unavailable when
+  // the teacher is draining or stops first.
+  using AnswerDone = std::function<void(absl::StatusOr<std::vector<int32_t>>)>;
+  void Answer(const v1::AnswerRequest& request, AnswerDone done);
+
   // --- Shutdown ---
   // New streams are refused UNAVAILABLE; each open stream drains
   // (StreamSession::Drain). Idempotent.
@@ -178,6 +198,8 @@ class TeacherCore final {
     int64_t queued_request_bytes_peak = 0;
     int64_t open_streams = 0;  // streams admitted now (AdmitStream, not yet SessionDone)
     int64_t streams_refused_over_limit = 0;  // by max_streams or max_streams_per_peer
+    int64_t answers_decoded = 0;             // Answer requests decoded
+    int64_t answers_reused = 0;              // answered from the ones kept (or in progress)
     bool draining = false;                   // StartDraining has run
   };
   Stats stats() const;
@@ -186,6 +208,13 @@ class TeacherCore final {
   explicit TeacherCore(TeacherServiceOptions options) : options_(std::move(options)) {}
   // Counts an admitted stream, or RESOURCE_EXHAUSTED over the limits.
   absl::Status CountStream(StreamSession* session);
+  // Checks an Answer request (InvalidArgument naming the field) and returns
+  // its answer budget: max_new_tokens cut to max_tokens.
+  absl::StatusOr<int64_t> CheckAnswerRequest(const v1::AnswerRequest& request) const;
+  // Decodes the answer keyed `key` on the compute thread (runtime null:
+  // dropped) and hands it to its waiters.
+  void DecodeAnswer(TargetRuntime* runtime, const std::string& key,
+                    const v1::AnswerRequest& request, int64_t max_new);
 
   const TeacherServiceOptions options_;
   v1::DescribeResponse description_;
@@ -208,6 +237,21 @@ class TeacherCore final {
   absl::flat_hash_map<std::string, int> admitted_per_host_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   PeerLimiter peer_limiter_{options_.peer_limits};
+
+  // Answers: those being decoded (with whoever waits) and those kept, keyed
+  // by the request's bytes. Failures are not kept.
+  struct KeptAnswer {
+    bool decoded = false;
+    std::vector<int32_t> ids;
+    std::vector<AnswerDone> waiters;  // until decoded
+  };
+  absl::Mutex answers_mu_;  // after mu_, before stats_mu_
+  absl::flat_hash_map<std::string, KeptAnswer> answers_ ABSL_GUARDED_BY(answers_mu_);
+  std::deque<std::string> answers_kept_order_
+      ABSL_GUARDED_BY(answers_mu_);  // decoded, oldest first
+  int64_t answers_kept_tokens_ ABSL_GUARDED_BY(answers_mu_) = 0;
+  int64_t answers_pending_ ABSL_GUARDED_BY(answers_mu_) = 0;  // being decoded or queued
+  std::vector<int32_t> answer_stop_ids_;  // set at Create when the runtime decodes
 
   mutable absl::Mutex stats_mu_;
   Stats stats_ ABSL_GUARDED_BY(stats_mu_);

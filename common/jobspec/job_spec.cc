@@ -243,6 +243,20 @@ absl::Status ValidateData(v1::DataSpec& data) {
                       absl::StrCat("must be in [0, ", kMaxTeacherGraceSeconds, "] seconds, got ",
                                    data.teacher_grace_s()));
   }
+  if (data.has_regenerate()) {
+    v1::RegenerateSpec& regenerate = *data.mutable_regenerate();
+    if (!online) {
+      return FieldError("data.regenerate", "regeneration is online only (data.tokenized)");
+    }
+    RETURN_IF_ERROR(
+        RequireNonNegative(regenerate.max_new_tokens(), "data.regenerate.max_new_tokens"));
+    if (regenerate.max_new_tokens() == 0) regenerate.set_max_new_tokens(kDefaultRegenerateTokens);
+    if (!(regenerate.temperature() >= 0) || !std::isfinite(regenerate.temperature())) {
+      return FieldError(
+          "data.regenerate.temperature",
+          absl::StrCat("must be finite and >= 0 (0: greedy), got ", regenerate.temperature()));
+    }
+  }
   return RequireNonNegative(data.max_length(), "data.max_length");
 }
 

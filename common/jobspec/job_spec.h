@@ -51,6 +51,8 @@ inline constexpr int64_t kDefaultInFlight = 8;
 // data.teacher_grace_s: how long lost teachers are reconnected to.
 inline constexpr double kDefaultTeacherGraceSeconds = 60;
 inline constexpr double kMaxTeacherGraceSeconds = 86400;
+// data.regenerate.max_new_tokens's default: answer tokens at most.
+inline constexpr int64_t kDefaultRegenerateTokens = 256;
 // model.draft: the draft types, and the defaults and bounds of the block-
 // draft fields (dflash / dspark, DESIGN §10; docs/job-config.md).
 inline constexpr char kDraftTypeEagle3[] = "eagle3";

@@ -568,6 +568,19 @@ absl::StatusOr<v1::DescribeResponse> GrpcTeacherConnector::Describe(const std::s
   return response;
 }
 
+absl::StatusOr<std::vector<int32_t>> GrpcTeacherConnector::Answer(const std::string& address,
+                                                                  const v1::AnswerRequest& request,
+                                                                  absl::Duration timeout) {
+  v1::TeacherService::Stub stub(ChannelTo(address));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  AddBearer(context, token_);
+  v1::AnswerResponse response;
+  const grpc::Status status = stub.Answer(&context, request, &response);
+  if (!status.ok()) return Annotate(FromGrpcStatus(status), address);
+  return std::vector<int32_t>(response.answer_ids().begin(), response.answer_ids().end());
+}
+
 absl::StatusOr<std::unique_ptr<student::TeacherStream>> GrpcTeacherConnector::NewStream(
     const std::string& address, const v1::DescribeResponse& teacher,
     const student::TeacherStreamOptions& options, absl::Mutex& mu,

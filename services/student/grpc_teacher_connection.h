@@ -51,6 +51,9 @@ class GrpcTeacherConnector final : public student::TeacherConnector {
       const std::string& address, const v1::DescribeResponse& teacher,
       const student::TeacherStreamOptions& options, absl::Mutex& mu,
       student::TeacherStreamEvents& events) override;
+  absl::StatusOr<std::vector<int32_t>> Answer(const std::string& address,
+                                              const v1::AnswerRequest& request,
+                                              absl::Duration timeout) override;
 
  private:
   // One channel per teacher address, shared by its Describe and streams.

@@ -17,6 +17,8 @@
 #include "common/status.h"
 #include "services/daemon/registration.h"
 #include "services/teacher/teacher_service.h"
+#include "teacher/decode_target.h"
+#include "teacher/hf_runtime.h"
 #include "teacher/sample_tensors.h"
 #include "teacher/target_runtime.h"
 #if SPECSTREAM_WITH_NCCL
@@ -175,6 +177,11 @@ absl::Status TeacherDaemon::Start(teacher::TargetRuntime& runtime) {
   options.service.nccl_device = s.nccl_device;
   options.service.nccl_timeout = absl::Seconds(o.nccl_timeout_s);
   options.tls = o.tls;
+  // Answers (rpc Answer) stop where `specstream-eval generate` stops.
+  if (const auto* hf = dynamic_cast<const teacher::HfRuntime*>(&runtime); hf != nullptr) {
+    ASSIGN_OR_RETURN(options.service.answer_stop_ids,
+                     teacher::AnswerStopIds(hf->config(), o.model));
+  }
   if (!o.coordinator.empty()) {
     JobTokenSet* job_tokens = &s.job_tokens;
     options.service.authorize = [job_tokens](const std::string& presented,

@@ -189,19 +189,14 @@ absl::Status RunDumpCommand(const RuntimeFlags& flags, const RegenerateFlags& re
   if (regenerate.on) {
     auto* hf = dynamic_cast<HfRuntime*>(&launched->runtime());
     if (hf == nullptr) return absl::InternalError("--regenerate: the launched runtime is not hf");
-    // The stop ids are those `specstream-eval generate` uses: the model's
-    // eos ids and the end-of-turn tokens of its tokenizer (--tokenizer, else
-    // the model directory's, where it has one).
-    std::unique_ptr<Tokenizer> tokenizer;
-    const std::string tokenizer_dir = dump.tokenizer_dir.empty() ? flags.model : dump.tokenizer_dir;
-    if (!dump.tokenizer_dir.empty() || std::filesystem::exists(flags.model + "/tokenizer.json")) {
-      ASSIGN_OR_RETURN(tokenizer, Tokenizer::FromDirectory(tokenizer_dir));
-    }
     spec::DecodeOptions options;
     options.max_new_tokens = regenerate.max_new;
     options.temperature = regenerate.temperature;
     options.seed = regenerate.seed;
-    options.stop_ids = StopIds(hf->config(), tokenizer.get());
+    // The stop ids `specstream-eval generate` uses: the model's eos ids and
+    // its tokenizer's end-of-turn tokens (--tokenizer, else the model's).
+    ASSIGN_OR_RETURN(options.stop_ids,
+                     AnswerStopIds(hf->config(), flags.model, dump.tokenizer_dir));
     answers = std::make_unique<TargetAnswers>(*hf, std::move(options));
     dump.answers = answers.get();
   }

@@ -106,6 +106,25 @@ grpc::ServerUnaryReactor* TeacherService::Describe(grpc::CallbackServerContext* 
   return reactor;
 }
 
+grpc::ServerUnaryReactor* TeacherService::Answer(grpc::CallbackServerContext* context,
+                                                 const v1::AnswerRequest* request,
+                                                 v1::AnswerResponse* response) {
+  // gRPC keeps `request` and `response` alive until Finish.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  core_.Admit(BearerToken(*context).value_or(""), context->peer(),
+              [this, reactor, request, response](absl::Status verdict) {
+                if (!verdict.ok()) return reactor->Finish(ToGrpcStatus(verdict));
+                core_.Answer(
+                    *request, [reactor, response](absl::StatusOr<std::vector<int32_t>> answer) {
+                      if (answer.ok()) {
+                        response->mutable_answer_ids()->Add(answer->begin(), answer->end());
+                      }
+                      reactor->Finish(ToGrpcStatus(answer.status()));
+                    });
+              });
+  return reactor;
+}
+
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TeacherService::StreamHiddenStates(
     grpc::CallbackServerContext* context) {
   return new StreamReactor(core_, context);

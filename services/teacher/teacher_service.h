@@ -1,5 +1,5 @@
-// The teacher's gRPC adapter (DESIGN §5): TeacherService.Describe and
-// TeacherService.StreamHiddenStates over the gRPC-free teacher core
+// The teacher's gRPC adapter (DESIGN §5): TeacherService.Describe,
+// TeacherService.StreamHiddenStates and TeacherService.Answer over the gRPC-free teacher core
 // (teacher/teacher_core.h), and the server around them. Each stream is a
 // callback reactor that unpacks requests, hands them to its StreamSession,
 // and frames what the session writes (inline chunks in place, without a
@@ -30,7 +30,8 @@ namespace specstream::services {
 // The generated service, bound to a core that outlives it.
 class TeacherService final
     : public v1::TeacherService::WithRawCallbackMethod_StreamHiddenStates<
-          v1::TeacherService::WithCallbackMethod_Describe<v1::TeacherService::Service>> {
+          v1::TeacherService::WithCallbackMethod_Describe<
+              v1::TeacherService::WithCallbackMethod_Answer<v1::TeacherService::Service>>> {
  public:
   explicit TeacherService(teacher::TeacherCore& core) : core_(core) {}
 
@@ -39,6 +40,10 @@ class TeacherService final
                                      v1::DescribeResponse* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StreamHiddenStates(
       grpc::CallbackServerContext* context) override;
+  // Admitted as Describe is, then TeacherCore::Answer.
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                   const v1::AnswerRequest* request,
+                                   v1::AnswerResponse* response) override;
 
  private:
   teacher::TeacherCore& core_;

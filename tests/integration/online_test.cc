@@ -2,11 +2,13 @@
 // TeacherService servers on loopback, against offline training on a store
 // dumped from the same tiny teacher. Teachers run in-process (TeacherServer)
 // or as `specstream-teacher serve` processes where a test kills one.
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +25,7 @@
 #include "services/teacher/teacher_service.h"
 #include "student/online_source.h"
 #include "student/trainer.h"
+#include "teacher/decode_target.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
 #include "tests/testing/loopback_channel.h"
@@ -40,6 +43,10 @@ namespace specstream::student {
 namespace {
 
 constexpr int kSamples = 24;
+// data.regenerate: prompt ids kept of each sample, answer tokens, seed.
+constexpr int kPromptTokens = 5;
+constexpr int kAnswerTokens = 12;
+constexpr uint64_t kAnswerSeed = 7;
 
 class OnlineTest : public ::testing::Test {
  protected:
@@ -75,8 +82,44 @@ class OnlineTest : public ::testing::Test {
     dump.keep_target_ids = false;
     summary = teacher::RunDump(**block_runtime, dump);
     ASSERT_TRUE(summary.ok()) << summary.status();
+    WriteRegeneratedStores(*runtime);
   }
   static void TearDownTestSuite() { delete dir_; }
+
+  // data.regenerate: prompts (each sample's first kPromptTokens ids) and the
+  // stores `dump --regenerate` writes from them with this target, greedy
+  // and sampled.
+  static void WriteRegeneratedStores(teacher::HfRuntime& runtime) {
+    std::ifstream in(dir_->Join("data.jsonl"));
+    std::ofstream prompts(dir_->Join("prompts.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      std::vector<int32_t> ids = nlohmann::json::parse(line)["input_ids"];
+      ids.resize(kPromptTokens);
+      prompts << nlohmann::json{{"input_ids", ids}}.dump() << "\n";
+    }
+    prompts.close();
+    for (double temperature : {0.0, 1.0}) {
+      spec::DecodeOptions decode;
+      decode.max_new_tokens = kAnswerTokens;
+      decode.temperature = temperature;
+      decode.seed = kAnswerSeed;
+      decode.stop_ids = teacher::StopIds(runtime.config(), nullptr);
+      teacher::TargetAnswers answers(runtime, decode);
+      teacher::DumpOptions dump;
+      dump.data = dir_->Join("prompts.jsonl");
+      dump.out = RegeneratedStore(temperature);
+      dump.store_dtype = "float32";
+      dump.keep_target_ids = true;
+      dump.batch_tokens = 1;
+      dump.progress_terminal = 0;
+      dump.answers = &answers;
+      auto summary = teacher::RunDump(runtime, dump);
+      ASSERT_TRUE(summary.ok()) << summary.status();
+    }
+  }
+  static std::string RegeneratedStore(double temperature) {
+    return dir_->Join(absl::StrCat("store-regenerated-t", temperature));
+  }
 
   static std::unique_ptr<teacher::HfRuntime> Runtime() {
     teacher::HfRuntimeOptions options;
@@ -143,6 +186,23 @@ class OnlineTest : public ::testing::Test {
     return c;
   }
 
+  // Online on the prompts, the teachers writing the answers (data.regenerate).
+  static TrainerConfig Regenerated(const std::vector<std::string>& teachers, double temperature) {
+    TrainerConfig c = Online(teachers);
+    c.tokenized = dir_->Join("prompts.jsonl");
+    c.regenerate.on = true;
+    c.regenerate.max_new_tokens = kAnswerTokens;
+    c.regenerate.temperature = temperature;
+    c.regenerate.seed = kAnswerSeed;
+    return c;
+  }
+  // Offline on the store `dump --regenerate` wrote with the same settings.
+  static TrainerConfig OfflineRegenerated(double temperature) {
+    TrainerConfig c = Config();
+    c.store = RegeneratedStore(temperature);
+    return c;
+  }
+
   static void ExpectSameTraining(Trainer& a, Trainer& b) {
     ASSERT_EQ(a.history().size(), b.history().size());
     for (size_t i = 0; i < a.history().size(); ++i) {
@@ -159,7 +219,8 @@ class OnlineTest : public ::testing::Test {
   // After a run of `online` (config `c`, one epoch, 6 steps) through a
   // teacher fault: its ledger shows every sample trained exactly once, and
   // it trained exactly as an uninterrupted offline run (bitwise).
-  void ExpectEverySampleOnceAndLikeOffline(const TrainerConfig& c, Trainer& online) {
+  void ExpectEverySampleOnceAndLikeOffline(const TrainerConfig& c, Trainer& online,
+                                           TrainerConfig o = Offline()) {
     std::map<int64_t, int> trained;
     std::ifstream ledger(c.ledger_dir + "/ledger-rank0.jsonl");
     int steps = 0;
@@ -172,7 +233,6 @@ class OnlineTest : public ::testing::Test {
     EXPECT_EQ(static_cast<int>(trained.size()), kSamples);
     for (const auto& [id, count] : trained) EXPECT_EQ(count, 1) << "sample " << id;
 
-    TrainerConfig o = Offline();
     o.max_steps = 0;
     o.epochs = 1;
     auto offline = Trainer::Create(o, 0, 1, {});
@@ -345,6 +405,77 @@ TEST_F(OnlineTest, ContextParallelRanksReceiveTheirSlices) {
   ASSERT_TRUE(tail.ok()) << tail.status();
   EXPECT_EQ(tail->aux_hidden.size(0), length - 8);
   EXPECT_TRUE(torch::equal(tail->input_ids, whole->input_ids.narrow(0, 8, length - 8)));
+}
+
+// data.regenerate (P19): the students send prompts, the teachers write the
+// answers, and training equals training on the store `dump --regenerate`
+// wrote, bit for bit, greedy and sampled. The prompts alternate between
+// the two teachers, each decoding its half once; each sample is its prompt
+// (no loss) and its answer (loss).
+TEST_F(OnlineTest, RegeneratedOnlineTrainsLikeADumpRegeneratedStore) {
+  for (double temperature : {0.0, 1.0}) {
+    Teacher a = StartTeacher(), b = StartTeacher();
+    ASSERT_TRUE(a.server != nullptr && b.server != nullptr);
+    TrainerConfig c = Regenerated({a.server->address(), b.server->address()}, temperature);
+    c.max_steps = 0;
+    c.epochs = 1;
+    auto online = Trainer::Create(c, 0, 1, {});
+    ASSERT_TRUE(online.ok()) << online.status();
+    auto* source = dynamic_cast<OnlineSource*>(&(*online)->source());
+    ASSERT_NE(source, nullptr);
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> mask;
+    ASSERT_TRUE(source->TokenIds(0, &ids, &mask).ok());
+    ASSERT_EQ(ids.size(), static_cast<size_t>(kPromptTokens + kAnswerTokens));
+    EXPECT_EQ(std::vector<uint8_t>(mask.begin(), mask.begin() + kPromptTokens),
+              std::vector<uint8_t>(kPromptTokens, 0));
+    EXPECT_EQ(std::vector<uint8_t>(mask.begin() + kPromptTokens, mask.end()),
+              std::vector<uint8_t>(kAnswerTokens, 1));
+    ASSERT_TRUE((*online)->Run().ok());
+    TrainerConfig o = OfflineRegenerated(temperature);
+    o.max_steps = 0;
+    o.epochs = 1;
+    auto offline = Trainer::Create(o, 0, 1, {});
+    ASSERT_TRUE(offline.ok()) << offline.status();
+    ASSERT_TRUE((*offline)->Run().ok());
+    ExpectSameTraining(**online, **offline);
+    EXPECT_EQ(a.server->core().stats().answers_decoded, kSamples / 2);
+    EXPECT_EQ(b.server->core().stats().answers_decoded, kSamples / 2);
+    std::cout << "temperature " << temperature << ": online regeneration == dump --regenerate over "
+              << (*online)->step() << " steps; final loss " << (*online)->history().back().loss
+              << "\n";
+  }
+}
+
+// data.regenerate under CP 2: both ranks ask the teacher for every answer,
+// which decodes each once (the other rank's request waits for it or finds
+// it kept); each rank then streams its slices and trains exactly as the
+// offline CP run on the regenerated store.
+TEST_F(OnlineTest, RegeneratedUnderContextParallelismDecodesEachAnswerOnce) {
+  Teacher teacher = StartTeacher();
+  ASSERT_NE(teacher.server, nullptr);
+  std::vector<std::unique_ptr<Trainer>> offline(2), online(2);
+  for (bool use_teacher : {false, true}) {
+    auto& ranks = use_teacher ? online : offline;
+    TrainerConfig c =
+        use_teacher ? Regenerated({teacher.server->address()}, 0) : OfflineRegenerated(0);
+    c.max_steps = 4;
+    c.cp_size = 2;
+    const absl::Status status = specstream::testing::RunOnRankHandles(
+        2, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
+          auto trainer = Trainer::Create(c, rank, 2, handle.group, handle.store);
+          if (!trainer.ok()) return trainer.status();
+          absl::Status run = (*trainer)->RunSteps(4);
+          ranks[rank] = std::move(*trainer);
+          return run;
+        });
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  ExpectSameTraining(*online[0], *offline[0]);
+  ExpectSameTraining(*online[1], *offline[1]);
+  const teacher::TeacherCore::Stats stats = teacher.server->core().stats();
+  EXPECT_EQ(stats.answers_decoded, kSamples);
+  EXPECT_EQ(stats.answers_reused, kSamples);
 }
 
 // P14 item 2 over gRPC: a source naming its capture layers sends them in
@@ -566,12 +697,21 @@ TEST_F(OnlineTest, EightConcurrentStudentsAllFinish) {
 // ---------------------------------------------------------------------------
 // Teachers as processes: one is killed with SIGKILL mid-epoch.
 
-pid_t Spawn(const std::vector<std::string>& args) {
+// Starts `args` (argv[0] a path) with this environment, its stderr written
+// to `log` when given.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "") {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!log.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
   pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
   return pid;
 }
 
@@ -687,6 +827,88 @@ TEST_F(OnlineTest, OnlyTeacherKilledAndRestartedOnItsPortTrainsAsIfUninterrupted
 
   kill(pid, SIGTERM);
   waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// data.regenerate through a teacher crash (P19): teacher 0 freezes right
+// after its first answer, with the next one asked and unanswered, and dies
+// with SIGKILL. Its prompts go to teacher 1, which gives the same answers
+// (sampled with seed + id), so every sample trains exactly once and the run
+// equals training on the store `dump --regenerate` wrote.
+TEST_F(OnlineTest, TeacherKilledMidAnswerItsPromptsGoToTheOtherAndEverySampleTrainsOnce) {
+  std::vector<pid_t> pids;
+  std::vector<std::string> addresses;
+  const std::string log = dir_->Join("answering-teacher-0.log");
+  for (int i = 0; i < 2; ++i) {
+    const std::string port_file = dir_->Join(absl::StrCat("answering-teacher-", i, ".port"));
+    std::filesystem::remove(port_file);
+    pids.push_back(Spawn({SPECSTREAM_TEACHER_PATH,
+                          "--log-level",
+                          "debug",
+                          "serve",
+                          "--model",
+                          dir_->Join("target"),
+                          "--runtime",
+                          "hf",
+                          "--devices",
+                          "cpu",
+                          "--port",
+                          "0",
+                          "--dtype",
+                          "float32",
+                          "--payload-dtype",
+                          "float32",
+                          "--keep-target-ids",
+                          "--batch-tokens",
+                          "1",
+                          "--port-file",
+                          port_file},
+                         i == 0 ? log : dir_->Join("answering-teacher-1.log")));
+    addresses.push_back(WaitForPortFile(port_file));
+    ASSERT_FALSE(addresses.back().empty()) << "teacher " << i << " did not start";
+  }
+  TrainerConfig c = Regenerated(addresses, 1.0);
+  c.max_steps = 0;
+  c.epochs = 1;  // 6 steps of 4
+  c.in_flight = 4;
+  c.ledger_dir = dir_->Join("ledger-regenerated");
+  std::filesystem::remove_all(c.ledger_dir);
+  std::atomic<bool> frozen{false};
+  std::thread killer([&] {
+    // Waits (polling its log) for teacher 0's first answer, freezes it,
+    // and kills it 1 s later.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::ifstream in(log);
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      if (text.find("answered sample") != std::string::npos) {
+        kill(pids[0], SIGSTOP);
+        frozen = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // not a wait: frozen 1 s
+    kill(pids[0], SIGKILL);
+  });
+  auto online = Trainer::Create(c, 0, 1, {});  // the answers come here
+  killer.join();
+  int status = 0;
+  waitpid(pids[0], &status, 0);
+  ASSERT_TRUE(frozen) << "teacher 0 never answered";
+  ASSERT_TRUE(online.ok()) << online.status();
+  auto* source = dynamic_cast<OnlineSource*>(&(*online)->source());
+  ASSERT_NE(source, nullptr);
+  EXPECT_GT(source->answers_retried(), 0);
+  std::cout << "prompts asked again of teacher 1 after the kill: " << source->answers_retried()
+            << "\n";
+  ASSERT_TRUE((*online)->Run().ok());
+  EXPECT_EQ((*online)->step(), 6);
+  ExpectEverySampleOnceAndLikeOffline(c, **online, OfflineRegenerated(1.0));
+
+  kill(pids[1], SIGTERM);
+  waitpid(pids[1], &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 

@@ -25,6 +25,7 @@
 #include "common/transport/shm_ring.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "teacher/decode_target.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
 #include "tests/testing/loopback_channel.h"
@@ -459,6 +460,96 @@ TEST_F(TeacherServiceTest, DescribeReportsTheModelAndTheTransports) {
 }
 
 // An NCCL device is checked when the server starts and then advertised.
+// rpc Answer (data.regenerate): the target's own answer, what TargetAnswers
+// (`dump --regenerate`, `specstream-eval generate`) writes, greedy and
+// sampled by seed + sample id; a repeated request is decoded once; the
+// prompt plus the answer stays within max_tokens; bad requests name their
+// field.
+TEST_F(TeacherServiceTest, AnswerGivesWhatTheTargetWritesAndDecodesARepeatOnce) {
+  std::vector<int32_t> prompt = SampleIds(2);
+  prompt.resize(5);
+  std::vector<int32_t> long_prompt(63, 7);  // max_tokens 64 leaves one answer token
+  // The references, before the server owns the runtime.
+  std::vector<std::vector<int32_t>> expected;
+  for (double temperature : {0.0, 1.0}) {
+    spec::DecodeOptions decode;
+    decode.max_new_tokens = 16;
+    decode.temperature = temperature;
+    decode.seed = 7;
+    decode.stop_ids = StopIds(runtime_->config(), nullptr);
+    TargetAnswers answers(*runtime_, decode);
+    auto answer = answers.Answer(prompt, /*id=*/3);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    expected.push_back(answer->tokens);
+  }
+  ASSERT_NE(expected[0], expected[1]);  // sampling changed something
+  TeacherServerOptions server_options;
+  server_options.service = Options("float32");
+  auto server = TeacherServer::Start(*runtime_, server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = *std::move(server);
+  stub_ = v1::TeacherService::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  EXPECT_TRUE(server_->core().description().answers());
+
+  auto ask = [&](const std::vector<int32_t>& ids, int64_t max_new, double temperature,
+                 std::vector<int32_t>* out) {
+    v1::AnswerRequest request;
+    request.set_sample_id(3);
+    request.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+    request.set_max_new_tokens(max_new);
+    request.set_temperature(temperature);
+    request.set_seed(7);
+    grpc::ClientContext context;
+    v1::AnswerResponse response;
+    const grpc::Status status = stub_->Answer(&context, request, &response);
+    if (out != nullptr) out->assign(response.answer_ids().begin(), response.answer_ids().end());
+    return status;
+  };
+  std::vector<int32_t> answer;
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    for (int t = 0; t < 2; ++t) {
+      const grpc::Status status = ask(prompt, 16, t, &answer);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      EXPECT_EQ(answer, expected[t]) << "temperature " << t << ", repeat " << repeat;
+    }
+  }
+  TeacherCore::Stats stats = server_->core().stats();
+  EXPECT_EQ(stats.answers_decoded, 2);
+  EXPECT_EQ(stats.answers_reused, 2);
+  ASSERT_TRUE(ask(long_prompt, 16, 0, &answer).ok());
+  EXPECT_EQ(answer.size(), 1u);
+
+  const std::vector<std::tuple<std::vector<int32_t>, int64_t, double, std::string>> bad = {
+      {{}, 16, 0, "prompt_ids: 0 ids"},
+      {{1, kVocab, 2}, 16, 0, "prompt_ids[1]: 128 is outside the vocabulary"},
+      {std::vector<int32_t>(64, 1), 16, 0, "prompt_ids: 64 ids"},
+      {prompt, 0, 0, "max_new_tokens: 0 must be >= 1"},
+      {prompt, 16, -1, "temperature: -1 must be finite"},
+  };
+  for (const auto& [ids, max_new, temperature, message] : bad) {
+    const grpc::Status status = ask(ids, max_new, temperature, nullptr);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << message;
+    EXPECT_NE(status.error_message().find(message), std::string::npos) << status.error_message();
+  }
+}
+
+// A runtime that does not decode (here one wrapping the hf runtime; TP and
+// sglang runtimes alike) says so in Describe and answers UNIMPLEMENTED.
+TEST_F(TeacherServiceTest, AnswerIsUnimplementedWhereTheRuntimeDoesNotDecode) {
+  StartServer(Options());
+  EXPECT_FALSE(server_->core().description().answers());
+  v1::AnswerRequest request;
+  request.add_prompt_ids(1);
+  request.set_max_new_tokens(4);
+  grpc::ClientContext context;
+  v1::AnswerResponse response;
+  const grpc::Status status = stub_->Answer(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_NE(status.error_message().find("--runtime hf"), std::string::npos)
+      << status.error_message();
+}
+
 TEST_F(TeacherServiceTest, NcclDeviceIsCheckedAndAdvertised) {
   Store("bfloat16");
   TeacherServerOptions server_options;

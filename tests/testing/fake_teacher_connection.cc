@@ -235,6 +235,11 @@ FakeTeacherConnector::Teacher& FakeTeacherConnector::TeacherAt(const std::string
   return *it->second;
 }
 
+absl::StatusOr<std::vector<int32_t>> FakeTeacherConnector::Answer(
+    const std::string& address, const v1::AnswerRequest& /*request*/, absl::Duration /*timeout*/) {
+  return absl::UnimplementedError(absl::StrCat("fake teacher ", address, " does not answer"));
+}
+
 absl::StatusOr<v1::DescribeResponse> FakeTeacherConnector::Describe(const std::string& address,
                                                                     absl::Duration) {
   if (teachers_.find(address) == teachers_.end()) {

@@ -50,6 +50,10 @@ class FakeTeacherConnector final : public student::TeacherConnector {
       const std::string& address, const v1::DescribeResponse& teacher,
       const student::TeacherStreamOptions& options, absl::Mutex& mu,
       student::TeacherStreamEvents& events) override;
+  // Fake teachers do not decode (Describe.answers is false): Unimplemented.
+  absl::StatusOr<std::vector<int32_t>> Answer(const std::string& address,
+                                              const v1::AnswerRequest& request,
+                                              absl::Duration timeout) override;
 
   // --- Cues ---
   // Describe of `address` fails (UNAVAILABLE) from now on.

@@ -206,6 +206,16 @@ TEST(JobConfigTest, EveryRefusalNamesItsField) {
       {"  store: /data/store\n",
        "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  teacher_grace_s: 1e9\n",
        "data.teacher_grace_s"},
+      // P19: regeneration is online only, with a budget and a temperature
+      // that make sense.
+      {"  store: /data/store\n", "  store: /data/store\n  regenerate: {temperature: 0.7}\n",
+       "data.regenerate"},
+      {"  store: /data/store\n",
+       "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  regenerate: {max_new_tokens: -1}\n",
+       "data.regenerate.max_new_tokens"},
+      {"  store: /data/store\n",
+       "  tokenized: /d.jsonl\n  teachers: [\"t:1\"]\n  regenerate: {temperature: -0.5}\n",
+       "data.regenerate.temperature"},
       {"metrics:", "max_restarts: 2147483648\nmetrics:", "max_restarts"},
       {"metrics:", "max_restarts: -1\nmetrics:", "max_restarts"},
       {"keep_last: 3", "keep_last: 4294967297", "checkpoint.keep_last"},
@@ -506,6 +516,23 @@ TEST(JobConfigTest, OnlineDataFillsDefaults) {
   EXPECT_EQ(spec->data().in_flight(), 8);
   EXPECT_EQ(spec->data().transport(), "auto");
   EXPECT_EQ(spec->data().teacher_grace_s(), 60);
+}
+
+// data.regenerate: present (even empty) turns regeneration on, with 256
+// answer tokens unless it says otherwise.
+TEST(JobConfigTest, RegenerateFillsItsBudget) {
+  auto spec = ParseJobSpecYaml(Edit("  store: /data/store\n",
+                                    "  tokenized: /d.jsonl\n  teachers: [\"a:1\"]\n"
+                                    "  regenerate: {temperature: 0.8, seed: 11}\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->data().has_regenerate());
+  EXPECT_EQ(spec->data().regenerate().max_new_tokens(), 256);
+  EXPECT_EQ(spec->data().regenerate().temperature(), 0.8);
+  EXPECT_EQ(spec->data().regenerate().seed(), 11u);
+  auto plain = ParseJobSpecYaml(
+      Edit("  store: /data/store\n", "  tokenized: /d.jsonl\n  teachers: [\"a:1\"]\n"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->data().has_regenerate());
 }
 
 TEST(JobConfigTest, TeacherGraceKeepsZeroAndAcceptsItsBounds) {
