@@ -254,6 +254,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     struct Work {
       absl::Mutex mu;
       std::vector<std::deque<int64_t>> own ABSL_GUARDED_BY(mu);  // per teacher
+      std::vector<bool> given_up ABSL_GUARDED_BY(mu);            // per teacher
       std::deque<int64_t> orphans ABSL_GUARDED_BY(mu);           // those of teachers given up
       int64_t asking ABSL_GUARDED_BY(mu) = 0;                    // requests in flight
       int64_t answered ABSL_GUARDED_BY(mu) = 0;
@@ -264,6 +265,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     {
       absl::MutexLock lock(&work.mu);
       work.own.resize(teachers.size());
+      work.given_up.assign(teachers.size(), false);
       for (int64_t i = 0; i < n; ++i) work.own[i % teachers.size()].push_back(i);
     }
     std::vector<std::vector<int32_t>> answers(n);
@@ -282,7 +284,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
           };
           work.mu.Await(absl::Condition(&ready));
           std::deque<int64_t>& queue = !work.own[t].empty() ? work.own[t] : work.orphans;
-          if (!work.failed.ok() || queue.empty()) return;
+          if (!work.failed.ok() || work.given_up[t] || queue.empty()) return;
           i = queue.front();
           queue.pop_front();
           ++work.asking;
@@ -322,18 +324,26 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
         }
         // The teacher is given up for answers; what it still had goes to
         // the others (the same answers: they are deterministic).
-        SS_LOG_WARN("online: teacher {} failed an answer ({}); its {} prompt(s) go to the others",
-                    teachers[t], answer.status().ToString(), work.own[t].size() + 1);
-        work.lost.push_back(std::string(answer.status().message()));
         work.orphans.push_back(i);
-        for (int64_t rest : work.own[t]) work.orphans.push_back(rest);
-        answers_retried_ += static_cast<int64_t>(work.own[t].size()) + 1;
-        work.own[t].clear();
+        ++answers_retried_;
+        if (!work.given_up[t]) {
+          work.given_up[t] = true;
+          SS_LOG_WARN("online: teacher {} failed an answer ({}); its prompts go to the others",
+                      teachers[t], answer.status().ToString());
+          work.lost.push_back(std::string(answer.status().message()));
+          for (int64_t rest : work.own[t]) work.orphans.push_back(rest);
+          answers_retried_ += static_cast<int64_t>(work.own[t].size());
+          work.own[t].clear();
+        }
         return;
       }
     };
+    // in_flight requests per teacher, as its credits: a teacher decodes the
+    // answers it is asked at once together (serve --answer-batch).
     std::vector<std::thread> workers;
-    for (size_t t = 0; t < teachers.size(); ++t) workers.emplace_back(worker, t);
+    for (size_t t = 0; t < teachers.size(); ++t) {
+      for (int64_t k = 0; k < options_.in_flight; ++k) workers.emplace_back(worker, t);
+    }
     for (std::thread& thread : workers) thread.join();
     absl::MutexLock lock(&work.mu);
     RETURN_IF_ERROR(work.failed);

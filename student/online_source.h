@@ -67,7 +67,8 @@ namespace specstream::student {
 // answer (TeacherService.Answer) before any stream starts, and each sample is
 // the prompt (loss 0) and its answer (loss 1), cut to max_length. Prompt i
 // goes to the i-th answering teacher of `teachers` in turn (every rank asks
-// the same one, which decodes it once); a teacher that fails (unavailable,
+// the same one, which decodes it once), `in_flight` requests at a time per
+// teacher (decoded together); a teacher that fails (unavailable,
 // deadline) is given up for answers and its prompts go to the others.
 // Answers are deterministic (sampled with seed + id, greedy at temperature
 // 0), so a prompt answered again elsewhere, on resume or on another rank,

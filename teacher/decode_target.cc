@@ -1,5 +1,7 @@
 #include "teacher/decode_target.h"
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 
@@ -46,12 +48,65 @@ absl::StatusOr<std::vector<int32_t>> AnswerStopIds(const HfModelConfig& config,
   return StopIds(config, tokenizer.get());
 }
 
-absl::StatusOr<spec::DecodeResult> TargetAnswers::Answer(const std::vector<int32_t>& prompt,
-                                                         int64_t id) {
+absl::Status AnswerDecoder::Start(HfRuntime& runtime, const std::vector<int32_t>& prompt) {
   if (prompt.empty()) return absl::InvalidArgumentError("an empty prompt has nothing to answer");
+  if (options_.max_new_tokens < 1) {
+    return absl::InvalidArgumentError("decode: max_new_tokens must be at least 1");
+  }
+  cache_.Truncate(0);
+  tokens_.clear();
+  done_ = false;
+  ASSIGN_OR_RETURN(SequenceCapture capture, runtime.Extend(cache_, prompt));
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  Pick(runtime.Logits(capture.last_hidden.narrow(0, n - 1, 1)).to(torch::kCPU)[0]);
+  return absl::OkStatus();
+}
+
+void AnswerDecoder::Pick(const torch::Tensor& logits) {
+  const double t = options_.temperature;
+  const int32_t token = t <= 0 ? static_cast<int32_t>(logits.argmax().item<int64_t>())
+                               : spec::SampleFrom(spec::Distribution(logits, t), rng_);
+  tokens_.push_back(token);
+  done_ = static_cast<int64_t>(tokens_.size()) >= options_.max_new_tokens ||
+          std::find(options_.stop_ids.begin(), options_.stop_ids.end(), token) !=
+              options_.stop_ids.end();
+}
+
+absl::Status StepAnswers(HfRuntime& runtime, const std::vector<AnswerDecoder*>& answers) {
+  std::vector<AnswerDecoder*> going;
+  std::vector<KvCache*> caches;
+  std::vector<int32_t> ids;
+  for (AnswerDecoder* answer : answers) {
+    if (answer->done_ || answer->tokens_.empty()) continue;
+    going.push_back(answer);
+    caches.push_back(&answer->cache_);
+    ids.push_back(answer->tokens_.back());
+  }
+  if (going.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(torch::Tensor last, runtime.DecodeStep(caches, ids));
+  const torch::Tensor logits = runtime.Logits(last).to(torch::kCPU);
+  for (size_t b = 0; b < going.size(); ++b) going[b]->Pick(logits[static_cast<int64_t>(b)]);
+  return absl::OkStatus();
+}
+
+spec::DecodeOptions TargetAnswers::OptionsFor(int64_t id) const {
   spec::DecodeOptions options = options_;
   options.seed = options_.seed + static_cast<uint64_t>(id);
-  return spec::Decode(target_, nullptr, prompt, options);
+  return options;
+}
+
+absl::StatusOr<spec::DecodeResult> TargetAnswers::Answer(const std::vector<int32_t>& prompt,
+                                                         int64_t id) {
+  const auto start = std::chrono::steady_clock::now();
+  AnswerDecoder answer(OptionsFor(id));
+  RETURN_IF_ERROR(answer.Start(runtime_, prompt));
+  while (!answer.done()) RETURN_IF_ERROR(StepAnswers(runtime_, {&answer}));
+  spec::DecodeResult result;
+  result.tokens = answer.tokens();
+  result.stats.sequences = 1;
+  result.stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
 }
 
 }  // namespace specstream::teacher

@@ -5,6 +5,7 @@
 #ifndef SPECSTREAM_TEACHER_DECODE_TARGET_H_
 #define SPECSTREAM_TEACHER_DECODE_TARGET_H_
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,39 @@ absl::StatusOr<std::vector<int32_t>> AnswerStopIds(const HfModelConfig& config,
                                                    const std::string& model_dir,
                                                    const std::string& tokenizer_dir = "");
 
+// One answer being decoded, a token at a time: what spec::Decode does with
+// no draft (the first token from the prompt's prefill, each next one from
+// the step before; greedy at temperature 0, else sampled with an
+// mt19937_64 seeded `options.seed`; ending after a stop id or
+// max_new_tokens), in steps, so that a teacher can advance several answers
+// in one batched forward (StepAnswers). A step's rows do not depend on the
+// batch's other rows except through the GEMMs' blocking: answers decoded
+// alone (a batch of one) equal spec::Decode's bit for bit.
+class AnswerDecoder {
+ public:
+  explicit AnswerDecoder(spec::DecodeOptions options)
+      : options_(std::move(options)), rng_(options_.seed) {}
+  // Prefills `prompt` (non-empty) on this answer's cache and picks the
+  // first token.
+  absl::Status Start(HfRuntime& runtime, const std::vector<int32_t>& prompt);
+  bool done() const { return done_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+
+ private:
+  friend absl::Status StepAnswers(HfRuntime& runtime, const std::vector<AnswerDecoder*>& answers);
+  // Appends the pick from one row of next-token logits [V].
+  void Pick(const torch::Tensor& logits);
+
+  spec::DecodeOptions options_;
+  std::mt19937_64 rng_;
+  KvCache cache_;
+  std::vector<int32_t> tokens_;
+  bool done_ = false;
+};
+
+// Advances every answer not done by one token, in one HfRuntime::DecodeStep.
+absl::Status StepAnswers(HfRuntime& runtime, const std::vector<AnswerDecoder*>& answers);
+
 // The target answering prompts itself: target-only decoding on its KV cache
 // (spec::Decode with no draft), at most `options.max_new_tokens` tokens,
 // ending after a stop id. What `specstream-eval generate` writes and
@@ -54,12 +88,15 @@ absl::StatusOr<std::vector<int32_t>> AnswerStopIds(const HfModelConfig& config,
 class TargetAnswers {
  public:
   TargetAnswers(HfRuntime& runtime, spec::DecodeOptions options)
-      : target_(runtime, {}), options_(std::move(options)) {}
+      : runtime_(runtime), options_(std::move(options)) {}
+  // The answer's tokens (and its time in stats.seconds).
   absl::StatusOr<spec::DecodeResult> Answer(const std::vector<int32_t>& prompt, int64_t id);
   const spec::DecodeOptions& options() const { return options_; }
+  // The options of prompt `id`'s answer: the seed is options.seed + id.
+  spec::DecodeOptions OptionsFor(int64_t id) const;
 
  private:
-  DecodeTarget target_;
+  HfRuntime& runtime_;
   spec::DecodeOptions options_;
 };
 

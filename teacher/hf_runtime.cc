@@ -173,6 +173,56 @@ absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
 
 void KvCache::Truncate(int64_t new_length) { length = std::clamp<int64_t>(new_length, 0, length); }
 
+void HfRuntime::GrowCache(KvCache& cache, int64_t total) const {
+  const HfModelConfig& c = config_;
+  const int64_t capacity = cache.keys.empty() ? 0 : cache.keys[0].size(2);
+  if (capacity >= total) return;
+  // Doubling, so that a sequence decoded a token at a time copies O(T).
+  const int64_t grown = std::max<int64_t>(total, std::max<int64_t>(64, 2 * capacity));
+  cache.keys.resize(c.num_hidden_layers);
+  cache.values.resize(c.num_hidden_layers);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    for (torch::Tensor* buffer : {&cache.keys[i], &cache.values[i]}) {
+      torch::Tensor fresh = torch::zeros({1, c.num_key_value_heads, grown, c.head_dim},
+                                         torch::TensorOptions().dtype(dtype_).device(device_));
+      if (buffer->defined() && cache.length > 0) {
+        fresh.narrow(2, 0, cache.length).copy_(buffer->narrow(2, 0, cache.length));
+      }
+      *buffer = fresh;
+    }
+  }
+}
+
+torch::Tensor HfRuntime::AttendCached(KvCache& cache, int64_t layer, const torch::Tensor& q,
+                                      const torch::Tensor& k, const torch::Tensor& v) const {
+  const HfModelConfig& c = config_;
+  const int64_t d = c.head_dim, kv_heads = c.num_key_value_heads;
+  const int64_t group = c.num_attention_heads / kv_heads;
+  const int64_t past = cache.length, n = q.size(2), total = past + n;
+  const auto index_options = torch::TensorOptions().dtype(torch::kInt64).device(device_);
+  cache.keys[layer].narrow(2, past, n).copy_(k);
+  cache.values[layer].narrow(2, past, n).copy_(v);
+  torch::Tensor keys = cache.keys[layer].narrow(2, 0, total);
+  torch::Tensor values = cache.values[layer].narrow(2, 0, total);
+  // New row r (position past + r) sees key j iff j <= past + r and, with a
+  // sliding window w, past + r - j < w.
+  const torch::Tensor query_pos = torch::arange(past, total, index_options).unsqueeze(1);
+  const torch::Tensor key_pos = torch::arange(0, total, index_options).unsqueeze(0);
+  torch::Tensor visible = key_pos <= query_pos;
+  if (const auto& window = weights_->layers[layer].sliding_window) {
+    visible = visible & (query_pos - key_pos < *window);
+  }
+  // GQA: the query heads of one key/value head as rows [kv, group·n, D].
+  torch::Tensor qg = q.reshape({kv_heads, group * n, d});
+  torch::Tensor scores =
+      torch::matmul(qg, keys[0].transpose(1, 2)).view({kv_heads, group, n, total});
+  scores = scores.to(torch::kFloat32)
+               .mul_(1.0 / std::sqrt(static_cast<double>(d)))
+               .masked_fill_(visible.logical_not(), -std::numeric_limits<float>::infinity());
+  torch::Tensor probs = torch::softmax(scores, -1).to(dtype_).view({kv_heads, group * n, total});
+  return torch::matmul(probs, values[0]).view({1, kv_heads * group, n, d});
+}
+
 absl::StatusOr<SequenceCapture> HfRuntime::Extend(KvCache& cache, const std::vector<int32_t>& ids,
                                                   const std::vector<int>& capture_ids) {
   if (options_.tp_size != 1) {
@@ -194,55 +244,14 @@ absl::StatusOr<SequenceCapture> HfRuntime::Extend(KvCache& cache, const std::vec
   SequenceCapture out;
   absl::Status status = CatchTorch("hf incremental forward", [&] {
     torch::NoGradGuard no_grad;
-    const int64_t d = c.head_dim, kv_heads = c.num_key_value_heads;
-    const int64_t group = c.num_attention_heads / kv_heads;
     const auto index_options = torch::TensorOptions().dtype(torch::kInt64).device(device_);
-    // Grow every layer's buffers to hold `total` positions (doubling).
-    const int64_t capacity = cache.keys.empty() ? 0 : cache.keys[0].size(2);
-    if (capacity < total) {
-      const int64_t grown = std::max<int64_t>(total, std::max<int64_t>(64, 2 * capacity));
-      cache.keys.resize(c.num_hidden_layers);
-      cache.values.resize(c.num_hidden_layers);
-      for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-        for (torch::Tensor* buffer : {&cache.keys[i], &cache.values[i]}) {
-          torch::Tensor fresh = torch::zeros({1, kv_heads, grown, d},
-                                             torch::TensorOptions().dtype(dtype_).device(device_));
-          if (buffer->defined() && past > 0)
-            fresh.narrow(2, 0, past).copy_(buffer->narrow(2, 0, past));
-          *buffer = fresh;
-        }
-      }
-    }
+    GrowCache(cache, total);
     torch::Tensor input =
         torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), index_options);
     torch::Tensor h = weights_->embed.index_select(0, input).unsqueeze(0);
     auto [cos, sin] = rotary_->CosSin(torch::arange(past, total, index_options), dtype_);
-    // New row r (position past + r) sees key j iff j <= past + r and, with a
-    // sliding window w, past + r - j < w.
-    const torch::Tensor query_pos = torch::arange(past, total, index_options).unsqueeze(1);
-    const torch::Tensor key_pos = torch::arange(0, total, index_options).unsqueeze(0);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     const AttendFn attend = [&](int64_t i, const torch::Tensor& q, const torch::Tensor& k,
-                                const torch::Tensor& v) {
-      cache.keys[i].narrow(2, past, n).copy_(k);
-      cache.values[i].narrow(2, past, n).copy_(v);
-      torch::Tensor keys = cache.keys[i].narrow(2, 0, total);
-      torch::Tensor values = cache.values[i].narrow(2, 0, total);
-      torch::Tensor visible = key_pos <= query_pos;
-      if (const auto& window = weights_->layers[i].sliding_window) {
-        visible = visible & (query_pos - key_pos < *window);
-      }
-      // GQA: the query heads of one key/value head as rows [kv, group·n, D].
-      torch::Tensor qg = q.reshape({kv_heads, group * n, d});
-      torch::Tensor scores =
-          torch::matmul(qg, keys[0].transpose(1, 2)).view({kv_heads, group, n, total});
-      scores = scores.to(torch::kFloat32)
-                   .mul_(scale)
-                   .masked_fill_(visible.logical_not(), -std::numeric_limits<float>::infinity());
-      torch::Tensor probs =
-          torch::softmax(scores, -1).to(dtype_).view({kv_heads, group * n, total});
-      return torch::matmul(probs, values[0]).view({1, kv_heads * group, n, d});
-    };
+                                const torch::Tensor& v) { return AttendCached(cache, i, q, k, v); };
     std::vector<torch::Tensor> ordered(captures.size());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       h = Layer(i, h, cos, sin, attend);
@@ -256,6 +265,62 @@ absl::StatusOr<SequenceCapture> HfRuntime::Extend(KvCache& cache, const std::vec
   if (!status.ok()) return status;
   cache.length = total;
   return out;
+}
+
+absl::StatusOr<torch::Tensor> HfRuntime::DecodeStep(const std::vector<KvCache*>& caches,
+                                                    const std::vector<int32_t>& ids) {
+  if (options_.tp_size != 1) {
+    return absl::FailedPreconditionError("incremental decoding runs on one rank (tp_size 1)");
+  }
+  const HfModelConfig& c = config_;
+  const int64_t batch = static_cast<int64_t>(ids.size());
+  if (batch == 0 || caches.size() != ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("DecodeStep: ", ids.size(), " ids for ",
+                                                   caches.size(), " caches (one each, >= 1)"));
+  }
+  std::vector<int64_t> positions(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    if (ids[b] < 0 || ids[b] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DecodeStep: id ", ids[b], " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+    positions[b] = caches[b]->length;
+    if (c.max_position_embeddings > 0 && positions[b] + 1 > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("incremental decoding: ", positions[b] + 1,
+                                                     " positions exceed max_position_embeddings ",
+                                                     c.max_position_embeddings));
+    }
+  }
+  torch::Tensor last;
+  absl::Status status = CatchTorch("hf batched decoding step", [&] {
+    torch::NoGradGuard no_grad;
+    const auto index_options = torch::TensorOptions().dtype(torch::kInt64).device(device_);
+    for (int64_t b = 0; b < batch; ++b) GrowCache(*caches[b], positions[b] + 1);
+    torch::Tensor input =
+        torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), index_options);
+    torch::Tensor h = weights_->embed.index_select(0, input).unsqueeze(1);  // [B, 1, H]
+    // Each sequence at its own position: cos/sin [B, 1, 1, D] broadcast over
+    // the heads of q/k [B, heads, 1, D].
+    auto [cos, sin] = rotary_->CosSin(torch::tensor(positions, index_options), dtype_);
+    cos = cos.view({batch, 1, 1, -1});
+    sin = sin.view({batch, 1, 1, -1});
+    // The projections and the MLP run on the batch; attention per sequence,
+    // on its own cache.
+    const AttendFn attend = [&](int64_t i, const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v) {
+      std::vector<torch::Tensor> rows(batch);
+      for (int64_t b = 0; b < batch; ++b) {
+        rows[b] =
+            AttendCached(*caches[b], i, q.narrow(0, b, 1), k.narrow(0, b, 1), v.narrow(0, b, 1));
+      }
+      return torch::cat(rows, 0);
+    };
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) h = Layer(i, h, cos, sin, attend);
+    last = nn::RmsNorm(h.squeeze(1), weights_->norm, c.rms_norm_eps).contiguous();
+  });
+  if (!status.ok()) return status;
+  for (KvCache* cache : caches) ++cache->length;
+  return last;
 }
 
 torch::Tensor HfRuntime::Logits(const torch::Tensor& last_hidden) const {

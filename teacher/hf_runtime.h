@@ -62,6 +62,15 @@ class HfRuntime final : public TensorParallelRuntime {
   absl::StatusOr<SequenceCapture> Extend(KvCache& cache, const std::vector<int32_t>& ids,
                                          const std::vector<int>& capture_ids = {});
 
+  // One decoding step of several sequences at once (tp_size 1): ids[b] at
+  // position caches[b]->length of sequence b, which gets its key and value
+  // appended. Returns the new rows' last_hidden [B, H]. The projections and
+  // the MLP run as one batch (a GEMM instead of B GEMVs); attention runs per
+  // sequence on its cache, as Extend's. InvalidArgument for an id outside
+  // the vocab or a position past max_position_embeddings (no cache changed).
+  absl::StatusOr<torch::Tensor> DecodeStep(const std::vector<KvCache*>& caches,
+                                           const std::vector<int32_t>& ids);
+
   // Full-vocab next-token logits, float32 [T, V], of last_hidden rows [T, H].
   torch::Tensor Logits(const torch::Tensor& last_hidden) const;
 
@@ -77,6 +86,14 @@ class HfRuntime final : public TensorParallelRuntime {
   absl::StatusOr<std::vector<SequenceCapture>> ComputePadded(
       const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
       const std::vector<int>& capture_ids, std::vector<torch::Tensor>* all_hidden);
+  // Grows the cache's buffers to hold `total` positions (keeping its rows).
+  void GrowCache(KvCache& cache, int64_t total) const;
+  // Attention of layer `layer` for n new rows of one sequence at positions
+  // [cache.length, + n): q [1, Hq, n, D], k/v [1, Hkv, n, D] (RoPE applied)
+  // are written into the cache (its length is left to the caller) and the
+  // rows attend to every cached position -> [1, Hq, n, D].
+  torch::Tensor AttendCached(KvCache& cache, int64_t layer, const torch::Tensor& q,
+                             const torch::Tensor& k, const torch::Tensor& v) const;
   // Attention of one layer: q [B, Hq, T, D], k/v [B, Hkv, T, D] (RoPE
   // applied) -> [B, Hq, T, D].
   using AttendFn = std::function<torch::Tensor(int64_t layer, const torch::Tensor& q,

@@ -41,6 +41,10 @@ absl::Status ValidateOptions(const TeacherServiceOptions& options) {
   if (options.max_batch_tokens < 1) {
     return absl::InvalidArgumentError("max_batch_tokens: must be >= 1");
   }
+  if (options.answer_batch < 1) return absl::InvalidArgumentError("answer_batch: must be >= 1");
+  if (options.answer_cache_tokens < 0) {
+    return absl::InvalidArgumentError("answer_cache_tokens: must be >= 0");
+  }
   if (options.max_samples_per_stream < 1) {
     return absl::InvalidArgumentError("max_samples_per_stream: must be >= 1");
   }
@@ -186,6 +190,8 @@ absl::StatusOr<std::unique_ptr<TeacherCore>> TeacherCore::Create(TargetRuntime& 
               std::string(DTypeName(payload_dtype)), max_tokens);
   return core;
 }
+
+TeacherCore::TeacherCore(TeacherServiceOptions options) : options_(std::move(options)) {}
 
 TeacherCore::~TeacherCore() { Stop(); }
 
@@ -395,38 +401,106 @@ void TeacherCore::Answer(const v1::AnswerRequest& request, AnswerDone done) {
     }
   }
   if (kept.has_value()) return done(*std::move(kept));
-  batcher_->EnqueueTask(
-      [this, key = std::move(key), request, max_new = *max_new](TargetRuntime* runtime) {
-        DecodeAnswer(runtime, key, request, max_new);
-      });
+  bool start_stepping = false;
+  {
+    absl::MutexLock lock(&answers_mu_);
+    answers_waiting_.push_back(WaitingAnswer{std::move(key), request, *max_new});
+    start_stepping = !stepping_;
+    stepping_ = true;
+  }
+  if (start_stepping) {
+    batcher_->EnqueueTask([this](TargetRuntime* runtime) { AdvanceAnswers(runtime); });
+  }
 }
 
-void TeacherCore::DecodeAnswer(TargetRuntime* runtime, const std::string& key,
-                               const v1::AnswerRequest& request, int64_t max_new) {
+void TeacherCore::AdvanceAnswers(TargetRuntime* runtime) {
   bool draining;
   {
     absl::MutexLock lock(&mu_);
     draining = draining_;
   }
-  absl::StatusOr<std::vector<int32_t>> result =
-      absl::UnavailableError("the teacher is shutting down");
-  if (runtime != nullptr && !draining) {
-    spec::DecodeOptions options;
-    options.max_new_tokens = max_new;
-    options.temperature = request.temperature();
-    options.seed = request.seed();
-    options.stop_ids = answer_stop_ids_;
-    // Answer() is set only for an hf runtime that decodes (Create).
-    TargetAnswers answers(static_cast<HfRuntime&>(*runtime), std::move(options));
-    const std::vector<int32_t> prompt(request.prompt_ids().begin(), request.prompt_ids().end());
-    absl::StatusOr<spec::DecodeResult> decoded = answers.Answer(prompt, request.sample_id());
-    if (decoded.ok()) {
-      SS_LOG_DEBUG("teacher service: answered sample {}: {} token(s) after {} prompt token(s)",
-                   request.sample_id(), decoded->tokens.size(), prompt.size());
-      result = std::move(decoded->tokens);
+  std::vector<WaitingAnswer> starting;
+  {
+    absl::MutexLock lock(&answers_mu_);
+    if (runtime == nullptr || draining) {
+      // Stopping: every answer waiting or under way ends UNAVAILABLE.
+      for (WaitingAnswer& waiting : answers_waiting_) starting.push_back(std::move(waiting));
+      answers_waiting_.clear();
     } else {
-      result = decoded.status();
+      while (!answers_waiting_.empty() &&
+             static_cast<int64_t>(decoding_.size() + starting.size()) < options_.answer_batch) {
+        starting.push_back(std::move(answers_waiting_.front()));
+        answers_waiting_.pop_front();
+      }
     }
+  }
+  if (runtime == nullptr || draining) {
+    const absl::Status stopping = absl::UnavailableError("the teacher is shutting down");
+    for (WaitingAnswer& waiting : starting) FinishAnswer(waiting.key, stopping);
+    for (DecodingAnswer& answer : decoding_) FinishAnswer(answer.waiting.key, stopping);
+    decoding_.clear();
+    absl::MutexLock lock(&answers_mu_);
+    stepping_ = false;
+    return;
+  }
+  // Answer() is set only for an hf runtime that decodes (Create).
+  auto& hf = static_cast<HfRuntime&>(*runtime);
+  for (WaitingAnswer& waiting : starting) {
+    spec::DecodeOptions options;
+    options.max_new_tokens = waiting.max_new;
+    options.temperature = waiting.request.temperature();
+    options.seed = waiting.request.seed() + static_cast<uint64_t>(waiting.request.sample_id());
+    options.stop_ids = answer_stop_ids_;
+    DecodingAnswer answer{std::move(waiting), std::make_unique<AnswerDecoder>(std::move(options))};
+    const v1::AnswerRequest& request = answer.waiting.request;
+    const absl::Status started = answer.decoder->Start(
+        hf, std::vector<int32_t>(request.prompt_ids().begin(), request.prompt_ids().end()));
+    if (!started.ok()) {
+      FinishAnswer(answer.waiting.key, started);
+    } else {
+      decoding_.push_back(std::move(answer));
+    }
+  }
+  // One token more for every answer under way, in one batched step.
+  std::vector<AnswerDecoder*> decoders;
+  int64_t rows = 0;
+  for (DecodingAnswer& answer : decoding_) {
+    decoders.push_back(answer.decoder.get());
+    rows += answer.decoder->done() ? 0 : 1;
+  }
+  const absl::Status stepped = StepAnswers(hf, decoders);
+  if (rows > 0) {
+    absl::MutexLock lock(&stats_mu_);
+    ++stats_.answer_steps;
+    stats_.answer_step_rows += rows;
+  }
+  for (auto it = decoding_.begin(); it != decoding_.end();) {
+    if (!stepped.ok() || it->decoder->done()) {
+      if (stepped.ok()) {
+        SS_LOG_DEBUG("teacher service: answered sample {}: {} token(s) after {} prompt token(s)",
+                     it->waiting.request.sample_id(), it->decoder->tokens().size(),
+                     it->waiting.request.prompt_ids_size());
+      }
+      FinishAnswer(it->waiting.key,
+                   stepped.ok() ? absl::StatusOr<std::vector<int32_t>>(it->decoder->tokens())
+                                : absl::StatusOr<std::vector<int32_t>>(stepped));
+      it = decoding_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  bool more;
+  {
+    absl::MutexLock lock(&answers_mu_);
+    more = !decoding_.empty() || !answers_waiting_.empty();
+    stepping_ = more;
+  }
+  if (more) batcher_->EnqueueTask([this](TargetRuntime* next) { AdvanceAnswers(next); });
+}
+
+void TeacherCore::FinishAnswer(const std::string& key,
+                               const absl::StatusOr<std::vector<int32_t>>& result) {
+  {
     absl::MutexLock lock(&stats_mu_);
     ++stats_.answers_decoded;
   }

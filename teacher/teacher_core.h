@@ -33,6 +33,7 @@
 
 namespace specstream::teacher {
 
+class AnswerDecoder;
 class TargetRuntime;
 
 struct TeacherServiceOptions {
@@ -121,6 +122,11 @@ struct TeacherServiceOptions {
   // Answer ids kept for repeated requests (every rank of a job asks for
   // every answer; the first computes it), oldest dropped first; >= 0.
   int64_t answer_cache_tokens = int64_t{4} << 20;
+  // Answers decoded together, a token each per batched forward (>= 1);
+  // more wait their turn. 1 decodes one at a time, bit for bit what
+  // `specstream-eval generate` writes; a larger batch is faster on a teacher
+  // serving several students but its GEMMs may round differently.
+  int64_t answer_batch = 8;
 };
 
 class TeacherCore final {
@@ -200,21 +206,28 @@ class TeacherCore final {
     int64_t streams_refused_over_limit = 0;  // by max_streams or max_streams_per_peer
     int64_t answers_decoded = 0;             // Answer requests decoded
     int64_t answers_reused = 0;              // answered from the ones kept (or in progress)
+    int64_t answer_steps = 0;                // batched decoding steps
+    int64_t answer_step_rows = 0;            // answers those steps advanced
     bool draining = false;                   // StartDraining has run
   };
   Stats stats() const;
 
  private:
-  explicit TeacherCore(TeacherServiceOptions options) : options_(std::move(options)) {}
+  // Out of line: the members' destructors need AnswerDecoder whole.
+  explicit TeacherCore(TeacherServiceOptions options);
   // Counts an admitted stream, or RESOURCE_EXHAUSTED over the limits.
   absl::Status CountStream(StreamSession* session);
   // Checks an Answer request (InvalidArgument naming the field) and returns
   // its answer budget: max_new_tokens cut to max_tokens.
   absl::StatusOr<int64_t> CheckAnswerRequest(const v1::AnswerRequest& request) const;
-  // Decodes the answer keyed `key` on the compute thread (runtime null:
-  // dropped) and hands it to its waiters.
-  void DecodeAnswer(TargetRuntime* runtime, const std::string& key,
-                    const v1::AnswerRequest& request, int64_t max_new);
+  // A task on the compute thread (runtime null: dropped at Stop): starts
+  // waiting answers (a prefill each) while fewer than answer_batch are under
+  // way, advances every one under way by a token in one batched step, hands
+  // finished ones to their waiters, and queues itself again while answers
+  // remain. Batches of samples run between two steps.
+  void AdvanceAnswers(TargetRuntime* runtime);
+  // Hands an answer (or why it failed) to the waiters of `key` and keeps it.
+  void FinishAnswer(const std::string& key, const absl::StatusOr<std::vector<int32_t>>& result);
 
   const TeacherServiceOptions options_;
   v1::DescribeResponse description_;
@@ -251,6 +264,19 @@ class TeacherCore final {
       ABSL_GUARDED_BY(answers_mu_);  // decoded, oldest first
   int64_t answers_kept_tokens_ ABSL_GUARDED_BY(answers_mu_) = 0;
   int64_t answers_pending_ ABSL_GUARDED_BY(answers_mu_) = 0;  // being decoded or queued
+  struct WaitingAnswer {
+    std::string key;
+    v1::AnswerRequest request;
+    int64_t max_new = 0;  // CheckAnswerRequest's budget
+  };
+  std::deque<WaitingAnswer> answers_waiting_ ABSL_GUARDED_BY(answers_mu_);
+  bool stepping_ ABSL_GUARDED_BY(answers_mu_) = false;  // an AdvanceAnswers task is queued
+  // The answers under way: the compute thread's own (AdvanceAnswers).
+  struct DecodingAnswer {
+    WaitingAnswer waiting;
+    std::unique_ptr<AnswerDecoder> decoder;
+  };
+  std::vector<DecodingAnswer> decoding_;
   std::vector<int32_t> answer_stop_ids_;  // set at Create when the runtime decodes
 
   mutable absl::Mutex stats_mu_;

@@ -169,6 +169,7 @@ absl::Status TeacherDaemon::Start(teacher::TargetRuntime& runtime) {
   options.service.keep_target_ids = o.keep_target_ids;
   options.service.max_tokens = o.max_tokens;
   options.service.max_batch_tokens = o.batch_tokens;
+  options.service.answer_batch = o.answer_batch;
   options.service.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(o.chunk_kib, 0)) << 10;
   options.service.max_queued_request_bytes = o.max_queued_mib << 20;
   options.service.max_queued_request_bytes_per_stream = o.max_queued_mib_per_stream << 20;

@@ -42,6 +42,7 @@ struct TeacherDaemonOptions {
   bool keep_target_ids = false;
   int64_t max_tokens = 0;  // 0: the model's max positions
   int64_t batch_tokens = 8192;
+  int64_t answer_batch = 8;  // TeacherServiceOptions::answer_batch
   int64_t chunk_kib = 1024;
   int64_t max_queued_mib = 256;            // TeacherServiceOptions::max_queued_request_bytes
   int64_t max_queued_mib_per_stream = 16;  // ...::max_queued_request_bytes_per_stream

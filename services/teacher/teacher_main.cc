@@ -375,6 +375,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-tokens", serve.max_tokens,
                         "Longest sample accepted (0: the model's max positions)");
   serve_cmd->add_option("--batch-tokens", serve.batch_tokens, "Padded tokens per forward");
+  serve_cmd->add_option("--answer-batch", serve.answer_batch,
+                        "Answers (data.regenerate) decoded together, a token each per forward "
+                        "(1: one at a time, bit for bit what specstream-eval generate writes)");
   serve_cmd->add_option("--chunk-kib", serve.chunk_kib, "Payload chunk size in KiB");
   serve_cmd->add_option("--max-queued-mib", serve.max_queued_mib,
                         "MiB that SampleRequests waiting for a credit may hold over all streams "

@@ -17,7 +17,12 @@
 // fraction is above 1, or when the runtime's captures differ from the eager
 // forward's (a wrong reference would make its time meaningless).
 //
+// Then the same runtime answering prompts (data.regenerate): one at a
+// time against --answer-batch of them decoded together in batched steps;
+// fails when batching gains less than --min-answer-speedup.
+//
 //   teacher_bench [--tokens 1024] [--reps 5] [--min-fraction 0.4]
+//                 [--answer-batch 8] [--answer-tokens 32] [--min-answer-speedup 1.5]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +41,7 @@
 #include "common/safetensors.h"
 #include "common/torch/compat.h"
 #include "common/torch/tensor_util.h"
+#include "teacher/decode_target.h"
 #include "teacher/hf_runtime.h"
 #include "teacher/init_random.h"
 #include "tests/bench/bench_util.h"
@@ -192,14 +198,79 @@ double RelativeError(const torch::Tensor& a, const torch::Tensor& b) {
 
 }  // namespace
 
+// A teacher answering `batch` prompts (data.regenerate): one at a time, as
+// TargetAnswers does, against all of them advanced together in batched
+// steps (AnswerDecoder / StepAnswers, what TeacherCore does for concurrent
+// requests), greedy, `tokens` new tokens each (no stop id). Prints both
+// rates and how many answers came out the same; fails when batching gains
+// less than `min_speedup`.
+bool BenchAnswers(specstream::teacher::HfRuntime& runtime, const char* dtype, int batch, int tokens,
+                  double min_speedup) {
+  namespace teacher = specstream::teacher;
+  specstream::spec::DecodeOptions options;
+  options.max_new_tokens = tokens;
+  std::vector<std::vector<int32_t>> prompts(batch);
+  for (int b = 0; b < batch; ++b) {
+    for (int t = 0; t < 24 + 5 * b; ++t) prompts[b].push_back((t * 7919 + b * 104729) % 32000);
+  }
+  std::vector<std::vector<int32_t>> alone(batch), together(batch);
+  double alone_s = 1e30, together_s = 1e30;
+  for (int r = 0; r < 2; ++r) {  // the first round warms up; best of the rest
+    auto start = Clock::now();
+    for (int b = 0; b < batch; ++b) {
+      teacher::AnswerDecoder answer(options);
+      if (!answer.Start(runtime, prompts[b]).ok()) return false;
+      while (!answer.done()) {
+        if (!teacher::StepAnswers(runtime, {&answer}).ok()) return false;
+      }
+      alone[b] = answer.tokens();
+    }
+    alone_s = std::min(alone_s, Seconds(start, Clock::now()));
+    start = Clock::now();
+    std::vector<std::unique_ptr<teacher::AnswerDecoder>> answers;
+    std::vector<teacher::AnswerDecoder*> all;
+    for (int b = 0; b < batch; ++b) {
+      answers.push_back(std::make_unique<teacher::AnswerDecoder>(options));
+      if (!answers.back()->Start(runtime, prompts[b]).ok()) return false;
+      all.push_back(answers.back().get());
+    }
+    for (int t = 1; t < tokens; ++t) {
+      if (!teacher::StepAnswers(runtime, all).ok()) return false;
+    }
+    together_s = std::min(together_s, Seconds(start, Clock::now()));
+    for (int b = 0; b < batch; ++b) together[b] = answers[b]->tokens();
+  }
+  int same = 0;
+  for (int b = 0; b < batch; ++b) same += alone[b] == together[b] ? 1 : 0;
+  const double n = static_cast<double>(batch) * tokens;
+  const double speedup = alone_s / together_s;
+  std::printf(
+      "%-9s answers: %d x %d tokens: one at a time %.1f tok/s, %d together %.1f tok/s "
+      "(x%.2f); %d/%d answers the same\n",
+      dtype, batch, tokens, n / alone_s, batch, n / together_s, speedup, same, batch);
+  if (speedup < min_speedup) {
+    std::printf("teacher_bench: FAIL %s batched answers x%.2f < x%.2f\n", dtype, speedup,
+                min_speedup);
+    return false;
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
   int64_t tokens = 1024;
   int reps = 5;
   double min_fraction = 0.4;
+  int answer_batch = 8, answer_tokens = 32;
+  double min_answer_speedup = 1.5;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--min-fraction")) min_fraction = std::atof(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--answer-batch")) answer_batch = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--answer-tokens")) answer_tokens = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--min-answer-speedup")) {
+      min_answer_speedup = std::atof(argv[i + 1]);
+    }
   }
   specstream::LoggingOptions logging;
   logging.role = "bench";
@@ -319,6 +390,7 @@ int main(int argc, char** argv) {
           dtype, fraction);
       ok = false;
     }
+    ok = BenchAnswers(**runtime, dtype, answer_batch, answer_tokens, min_answer_speedup) && ok;
   }
   std::filesystem::remove_all(dir);
   if (!ok) return 1;

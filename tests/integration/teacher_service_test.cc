@@ -463,9 +463,10 @@ TEST_F(TeacherServiceTest, DescribeReportsTheModelAndTheTransports) {
 // rpc Answer (data.regenerate): the target's own answer, what TargetAnswers
 // (`dump --regenerate`, `specstream-eval generate`) writes, greedy and
 // sampled by seed + sample id; a repeated request is decoded once; the
-// prompt plus the answer stays within max_tokens; bad requests name their
-// field.
-TEST_F(TeacherServiceTest, AnswerGivesWhatTheTargetWritesAndDecodesARepeatOnce) {
+// prompt plus the answer stays within max_tokens; answers asked at once are
+// decoded together in batched steps, each still what it is alone; bad
+// requests name their field.
+TEST_F(TeacherServiceTest, AnswerGivesWhatTheTargetWritesDecodesARepeatOnceAndBatches) {
   std::vector<int32_t> prompt = SampleIds(2);
   prompt.resize(5);
   std::vector<int32_t> long_prompt(63, 7);  // max_tokens 64 leaves one answer token
@@ -483,6 +484,25 @@ TEST_F(TeacherServiceTest, AnswerGivesWhatTheTargetWritesAndDecodesARepeatOnce) 
     expected.push_back(answer->tokens);
   }
   ASSERT_NE(expected[0], expected[1]);  // sampling changed something
+  // Four more, asked at once below (sample ids 10..13, sampled, 40 tokens
+  // after 6 prompt ids: within max_tokens).
+  auto short_prompt = [](int id) {
+    std::vector<int32_t> ids = SampleIds(id % kSamples);
+    ids.resize(6);
+    return ids;
+  };
+  std::vector<std::vector<int32_t>> concurrent;
+  for (int id = 10; id < 14; ++id) {
+    spec::DecodeOptions decode;
+    decode.max_new_tokens = 40;
+    decode.temperature = 1;
+    decode.seed = 7;
+    decode.stop_ids = StopIds(runtime_->config(), nullptr);
+    TargetAnswers answers(*runtime_, decode);
+    auto answer = answers.Answer(short_prompt(id), id);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    concurrent.push_back(answer->tokens);
+  }
   TeacherServerOptions server_options;
   server_options.service = Options("float32");
   auto server = TeacherServer::Start(*runtime_, server_options);
@@ -493,9 +513,9 @@ TEST_F(TeacherServiceTest, AnswerGivesWhatTheTargetWritesAndDecodesARepeatOnce) 
   EXPECT_TRUE(server_->core().description().answers());
 
   auto ask = [&](const std::vector<int32_t>& ids, int64_t max_new, double temperature,
-                 std::vector<int32_t>* out) {
+                 std::vector<int32_t>* out, int64_t sample_id = 3) {
     v1::AnswerRequest request;
-    request.set_sample_id(3);
+    request.set_sample_id(sample_id);
     request.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     request.set_max_new_tokens(max_new);
     request.set_temperature(temperature);
@@ -519,6 +539,27 @@ TEST_F(TeacherServiceTest, AnswerGivesWhatTheTargetWritesAndDecodesARepeatOnce) 
   EXPECT_EQ(stats.answers_reused, 2);
   ASSERT_TRUE(ask(long_prompt, 16, 0, &answer).ok());
   EXPECT_EQ(answer.size(), 1u);
+
+  // Asked at once, the four are decoded together (more than one answer per
+  // batched step on average) and each is what it is alone.
+  stats = server_->core().stats();
+  std::vector<std::vector<int32_t>> got(4);
+  std::vector<grpc::Status> statuses(4);
+  std::vector<std::thread> askers;
+  for (int j = 0; j < 4; ++j) {
+    askers.emplace_back(
+        [&, j] { statuses[j] = ask(short_prompt(10 + j), 40, 1, &got[j], 10 + j); });
+  }
+  for (std::thread& asker : askers) asker.join();
+  for (int j = 0; j < 4; ++j) {
+    ASSERT_TRUE(statuses[j].ok()) << statuses[j].error_message();
+    EXPECT_EQ(got[j], concurrent[j]) << "sample " << 10 + j;
+  }
+  const TeacherCore::Stats after = server_->core().stats();
+  const int64_t steps = after.answer_steps - stats.answer_steps;
+  const int64_t rows = after.answer_step_rows - stats.answer_step_rows;
+  EXPECT_GT(rows, steps) << rows << " answer rows in " << steps << " steps";
+  std::cout << "4 answers at once: " << rows << " rows in " << steps << " batched steps\n";
 
   const std::vector<std::tuple<std::vector<int32_t>, int64_t, double, std::string>> bad = {
       {{}, 16, 0, "prompt_ids: 0 ids"},

@@ -1,5 +1,6 @@
 #include "teacher/hf_runtime.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -7,8 +8,10 @@
 #include "common/safetensors.h"
 #include "common/torch/blocks.h"
 #include "common/torch/process_group.h"
+#include "common/torch/speculative.h"
 #include "common/torch/tensor_util.h"
 #include "gtest/gtest.h"
+#include "teacher/decode_target.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
 #include "tests/testing/tp_forward.h"
@@ -178,6 +181,65 @@ TEST(HfRuntimeTest, ExtendOnTheKvCacheEqualsTheFullForward) {
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(runtime->Extend(cache, {}).status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(cache.length, 23);
+  }
+}
+
+// Batched decoding (HfRuntime::DecodeStep through StepAnswers): three
+// answers to prompts of different lengths, with different budgets and
+// seeds, advanced together give exactly what each gives decoded alone by
+// spec::Decode (target-only), greedy and sampled, on llama with a sliding
+// window and on qwen3. Bad input changes no cache.
+TEST(HfRuntimeTest, BatchedAnswersEqualEachDecodedAlone) {
+  for (const char* arch : {"llama", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    specstream::testing::TempDir dir;
+    TinyModelOptions model;
+    model.arch = arch;
+    model.layers = 4;
+    if (std::string(arch) == "llama") {
+      model.edit_config = [](HfModelConfig& c) { c.sliding_window = 6; };
+    }
+    WriteTinyModel(dir.path(), model);
+    auto runtime = Load(dir.path(), {1, 3});
+    ASSERT_NE(runtime, nullptr);
+    const std::vector<std::vector<int32_t>> prompts = {
+        Tokens(3, model.vocab, 1), Tokens(9, model.vocab, 2), Tokens(5, model.vocab, 3)};
+    const std::vector<int64_t> budgets = {10, 4, 7};
+    for (double temperature : {0.0, 1.0}) {
+      SCOPED_TRACE(temperature);
+      std::vector<std::unique_ptr<AnswerDecoder>> batched;
+      std::vector<AnswerDecoder*> all;
+      std::vector<std::vector<int32_t>> alone_tokens;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        spec::DecodeOptions options;
+        options.max_new_tokens = budgets[i];
+        options.temperature = temperature;
+        options.seed = 11 + i;
+        DecodeTarget alone_target(*runtime, {});
+        auto alone = spec::Decode(alone_target, nullptr, prompts[i], options);
+        ASSERT_TRUE(alone.ok()) << alone.status();
+        batched.push_back(std::make_unique<AnswerDecoder>(options));
+        ASSERT_TRUE(batched.back()->Start(*runtime, prompts[i]).ok());
+        all.push_back(batched.back().get());
+        alone_tokens.push_back(alone->tokens);
+      }
+      int steps = 0;
+      while (std::any_of(all.begin(), all.end(), [](AnswerDecoder* a) { return !a->done(); })) {
+        ASSERT_TRUE(StepAnswers(*runtime, all).ok());
+        ++steps;
+      }
+      EXPECT_EQ(steps, 9);  // the longest budget, less the prefill's token
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(batched[i]->tokens(), alone_tokens[i]) << "answer " << i;
+      }
+    }
+    KvCache cache;
+    ASSERT_TRUE(runtime->Extend(cache, Tokens(4, model.vocab, 5)).ok());
+    EXPECT_EQ(runtime->DecodeStep({&cache}, {model.vocab}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(runtime->DecodeStep({&cache}, {}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(cache.length, 4);
   }
 }
 
