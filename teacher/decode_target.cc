@@ -95,6 +95,41 @@ spec::DecodeOptions TargetAnswers::OptionsFor(int64_t id) const {
   return options;
 }
 
+absl::Status TargetAnswers::AnswerAll(const std::vector<std::vector<int32_t>>& prompts,
+                                      const std::vector<int64_t>& ids, int64_t batch,
+                                      const AnswerSink& done) {
+  if (prompts.size() != ids.size() || batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("AnswerAll: ", prompts.size(), " prompts, ",
+                                                   ids.size(), " ids, batch ", batch));
+  }
+  struct Going {
+    size_t index;
+    std::unique_ptr<AnswerDecoder> answer;
+  };
+  std::vector<Going> going;
+  size_t next = 0;
+  while (next < prompts.size() || !going.empty()) {
+    while (next < prompts.size() && static_cast<int64_t>(going.size()) < batch) {
+      Going g{next, std::make_unique<AnswerDecoder>(OptionsFor(ids[next]))};
+      RETURN_IF_ERROR(g.answer->Start(runtime_, prompts[next]));
+      going.push_back(std::move(g));
+      ++next;
+    }
+    std::vector<AnswerDecoder*> answers;
+    for (Going& g : going) answers.push_back(g.answer.get());
+    RETURN_IF_ERROR(StepAnswers(runtime_, answers));
+    for (auto it = going.begin(); it != going.end();) {
+      if (!it->answer->done()) {
+        ++it;
+        continue;
+      }
+      RETURN_IF_ERROR(done(it->index, it->answer->tokens()));
+      it = going.erase(it);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<spec::DecodeResult> TargetAnswers::Answer(const std::vector<int32_t>& prompt,
                                                          int64_t id) {
   const auto start = std::chrono::steady_clock::now();

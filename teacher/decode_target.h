@@ -5,6 +5,7 @@
 #ifndef SPECSTREAM_TEACHER_DECODE_TARGET_H_
 #define SPECSTREAM_TEACHER_DECODE_TARGET_H_
 
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -94,6 +95,13 @@ class TargetAnswers {
   const spec::DecodeOptions& options() const { return options_; }
   // The options of prompt `id`'s answer: the seed is options.seed + id.
   spec::DecodeOptions OptionsFor(int64_t id) const;
+  // Answers prompts[i] (seeded by ids[i]), up to `batch` at a time in
+  // batched steps, a finished answer's place going to the next prompt;
+  // `done(i, tokens)` as each ends (its error stops the rest). At batch 1,
+  // exactly Answer's tokens.
+  using AnswerSink = std::function<absl::Status(size_t i, const std::vector<int32_t>& tokens)>;
+  absl::Status AnswerAll(const std::vector<std::vector<int32_t>>& prompts,
+                         const std::vector<int64_t>& ids, int64_t batch, const AnswerSink& done);
 
  private:
   HfRuntime& runtime_;

@@ -1,6 +1,7 @@
 #include "services/eval/eval_commands.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -113,24 +114,34 @@ absl::Status Generate(const GenerateOptions& f) {
   options.seed = f.seed;
   options.stop_ids = setup.stop_ids;
   teacher::TargetAnswers answers(*setup.runtime, options);
-  std::string lines;
-  int64_t tokens = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const Prompt& p = prompts[i];
-    ASSIGN_OR_RETURN(spec::DecodeResult result, answers.Answer(p.ids, p.id));
-    std::vector<int32_t> ids = p.ids;
-    ids.insert(ids.end(), result.tokens.begin(), result.tokens.end());
-    std::vector<int> mask(p.ids.size(), 0);
-    mask.resize(ids.size(), 1);
-    ASSIGN_OR_RETURN(std::string answer, setup.tokenizer->Decode(result.tokens));
-    nlohmann::json record = {{"id", p.id},       {"temperature", f.temperature},
-                             {"prompt", p.text}, {"answer", answer},
-                             {"input_ids", ids}, {"loss_mask", mask}};
-    absl::StrAppend(&lines, record.dump(), "\n");
-    tokens += static_cast<int64_t>(result.tokens.size());
-    SS_LOG_INFO("generate: prompt {} ({}/{}): {} tokens in {:.1f} s", p.id, i + 1, prompts.size(),
-                result.tokens.size(), result.stats.seconds);
+  std::vector<std::vector<int32_t>> prompt_ids;
+  std::vector<int64_t> ids;
+  for (const Prompt& p : prompts) {
+    prompt_ids.push_back(p.ids);
+    ids.push_back(p.id);
   }
+  std::vector<std::string> records(prompts.size());  // in prompt order, whatever ends first
+  int64_t tokens = 0;
+  size_t finished = 0;
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(answers.AnswerAll(
+      prompt_ids, ids, f.batch,
+      [&](size_t i, const std::vector<int32_t>& answer_ids) -> absl::Status {
+        const Prompt& p = prompts[i];
+        const TokenizedSample sample = AnsweredSample(p.ids, answer_ids, /*max_length=*/0);
+        ASSIGN_OR_RETURN(std::string answer, setup.tokenizer->Decode(answer_ids));
+        nlohmann::json record = {
+            {"id", p.id},       {"temperature", f.temperature},  {"prompt", p.text},
+            {"answer", answer}, {"input_ids", sample.input_ids}, {"loss_mask", sample.loss_mask}};
+        records[i] = record.dump() + "\n";
+        tokens += static_cast<int64_t>(answer_ids.size());
+        SS_LOG_INFO(
+            "generate: prompt {} ({}/{}): {} tokens, {:.1f} s", p.id, ++finished, prompts.size(),
+            answer_ids.size(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        return absl::OkStatus();
+      }));
+  const std::string lines = absl::StrJoin(records, "");
   RETURN_IF_ERROR(WriteFileAtomically(f.out, lines));
   std::cout << "generate: " << prompts.size() << " answers, " << tokens << " tokens -> " << f.out
             << "\n";

@@ -25,6 +25,9 @@ namespace specstream::services {
 struct GenerateOptions {
   std::string target, prompts, out, split = "train", chat_template = "chatml", dtype = "float32";
   int64_t max_new = 128, limit = 0;
+  // Answers decoded together in batched steps (1: one at a time, bit for
+  // bit spec::Decode's; more is faster and may round differently).
+  int64_t batch = 1;
   double temperature = 0;
   uint64_t seed = 0;
 };

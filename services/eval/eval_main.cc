@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--temperature", gen.temperature, "0: greedy");
   gen_cmd->add_option("--seed", gen.seed, "Sampling seed (plus the prompt id)");
   gen_cmd->add_option("--limit", gen.limit, "First N prompts of the split (0: all)");
+  gen_cmd->add_option("--batch", gen.batch,
+                      "Answers decoded together (1: one at a time, bit for bit; more: faster)");
   gen_cmd->add_option("--dtype", gen.dtype, "float32 | bfloat16 | auto");
 
   SpeculateOptions sp;

@@ -130,7 +130,8 @@ TEST_F(EvalCliTest, GenerateTrainAndSpeculate) {
 
 // `specstream-teacher dump --regenerate` on the prompts writes, sample for
 // sample, what `specstream-eval generate` writes: greedy, and sampled with
-// the same seed (both seed a prompt's answer by seed + its id).
+// the same seed (both seed a prompt's answer by seed + its id); and
+// generate --batch writes the same.
 TEST_F(EvalCliTest, DumpRegenerateWritesWhatGenerateWrites) {
   for (const std::string temperature : {"0", "1"}) {
     SCOPED_TRACE(temperature);
@@ -175,6 +176,15 @@ TEST_F(EvalCliTest, DumpRegenerateWritesWhatGenerateWrites) {
     if (temperature == "1") {
       EXPECT_GT(sampled_differently, 0);
     }
+    // generate --batch 3 decodes three answers at a time in batched steps:
+    // the same file, record for record, in the prompts' order.
+    const std::string batched = "batched-" + temperature + ".jsonl";
+    ASSERT_EQ(Eval("generate --target " + dir_.Join("target") + " --prompts " +
+                   dir_.Join("prompts.jsonl") + " --split all --batch 3 --out " +
+                   dir_.Join(batched) + sampling),
+              0)
+        << Stderr();
+    EXPECT_EQ(JsonLines(batched), generated);
   }
 }
 
