@@ -8,6 +8,8 @@
 #
 #   tests/bench/run.sh [BUILD_DIR]      build/ by default, as tests/run.sh leaves it
 #   CTEST_ARGS="-R student" tests/bench/run.sh   extra ctest arguments
+#   CURVE=1 tests/bench/run.sh          then the learning curve (about 100 more
+#                                       minutes; tests/bench/quality_curve.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -25,4 +27,7 @@ ctest --test-dir "$BUILD" --output-on-failure --no-tests=error -L bench -LE quic
 if [[ -f "$BUILD/quality_bench_full/table.md" ]]; then
   echo "bench/run.sh: quality_bench_full on SmolLM2-135M-Instruct:"
   cat "$BUILD/quality_bench_full/table.md"
+fi
+if [[ "${CURVE:-0}" == 1 ]]; then
+  bash tests/bench/quality_curve.sh "$BUILD" "$BUILD/quality_curve"
 fi
