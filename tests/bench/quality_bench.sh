@@ -33,21 +33,15 @@
 # difference when that is more).
 # Exits 77 (skipped) without the SmolLM2 fixture, except under CI=true.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=$(realpath "$1")
-WORK=${2:-}
 PHASE=${3:-all}
 case $PHASE in
   all) ;;
   train | decode)
-    [[ -n "$WORK" ]] || { echo "quality_bench: the $PHASE phase needs a WORK_DIR" >&2; exit 2; } ;;
+    [[ -n "${2:-}" ]] || { echo "quality_bench: the $PHASE phase needs a WORK_DIR" >&2; exit 2; } ;;
   *) echo "quality_bench: phase '$PHASE': expected train or decode" >&2; exit 2 ;;
 esac
-if [[ -z "$WORK" ]]; then
-  WORK=$(mktemp -d)
-  trap 'rm -rf "$WORK"' EXIT
-fi
-mkdir -p "$WORK"
+# ROOT, BUILD, WORK, BIN, GGUF, DATA.
+source "$(dirname "$0")/../testing/smollm2_script.sh"
 PROMPTS_N=${QUALITY_PROMPTS:-6}
 UNTRAINED_N=${QUALITY_UNTRAINED_PROMPTS:-3}
 MAX_NEW=${QUALITY_MAX_NEW:-32}
@@ -56,9 +50,6 @@ EPOCHS=${QUALITY_EPOCHS:-2}
 MARGIN=${QUALITY_MARGIN:-0.05}
 # The drafts, each a job below (QUALITY_KINDS to choose).
 KINDS=${QUALITY_KINDS:-eagle3 eagle31 dflash dspark}
-GGUF=$BUILD/fixtures/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-DATA=$ROOT/tests/data/smollm2
-BIN=$BUILD/bin
 start=$(date +%s)
 stamp() { echo "quality_bench: $1 after $(( $(date +%s) - start )) s"; }
 

@@ -33,15 +33,8 @@
 #   CURVE_BATCH (8), CURVE_TRAIN_PROMPTS (0: all 216), CURVE_PROMPTS (24),
 #   CURVE_EVAL_MAX_NEW (64), CURVE_KIND (eagle3 | eagle31).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=$(realpath "$1")
-WORK=${2:-}
-if [[ -z "$WORK" ]]; then
-  WORK=$(mktemp -d)
-  trap 'rm -rf "$WORK"' EXIT
-fi
-mkdir -p "$WORK"
-WORK=$(realpath "$WORK")
+# ROOT, BUILD, WORK, BIN, GGUF, DATA.
+source "$(dirname "$0")/../testing/smollm2_script.sh"
 MINUTES=${CURVE_MINUTES:-60}
 POINTS=${CURVE_POINTS:-0.0625 0.125 0.25 0.5 1}
 ANSWERS=${CURVE_ANSWERS:-4}
@@ -52,9 +45,6 @@ TRAIN_PROMPTS=${CURVE_TRAIN_PROMPTS:-0}
 PROMPTS_N=${CURVE_PROMPTS:-24}
 EVAL_MAX_NEW=${CURVE_EVAL_MAX_NEW:-64}
 KIND=${CURVE_KIND:-eagle3}
-GGUF=$BUILD/fixtures/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-DATA=$ROOT/tests/data/smollm2
-BIN=$BUILD/bin
 start=$(date +%s)
 stamp() { echo "quality_curve: $1 after $(( $(date +%s) - start )) s"; }
 [[ -f "$GGUF" ]] || { echo "quality_curve: $GGUF is missing (tests/testing/fetch_smollm2.sh)" >&2; exit 1; }

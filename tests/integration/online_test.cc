@@ -715,6 +715,39 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "") {
   return pid;
 }
 
+// `specstream-teacher serve` of the target in `target` as the in-process
+// teachers serve it (float32 payloads with target_ids, one sequence per
+// forward), on `port`, writing `port_file`: `global` flags before "serve",
+// `extra` ones last.
+std::vector<std::string> ServeCommand(const std::string& target, const std::string& port,
+                                      const std::string& port_file,
+                                      const std::vector<std::string>& extra = {},
+                                      const std::vector<std::string>& global = {}) {
+  std::vector<std::string> args = {SPECSTREAM_TEACHER_PATH};
+  args.insert(args.end(), global.begin(), global.end());
+  const std::vector<std::string> serve = {"serve",
+                                          "--model",
+                                          target,
+                                          "--runtime",
+                                          "hf",
+                                          "--devices",
+                                          "cpu",
+                                          "--port",
+                                          port,
+                                          "--dtype",
+                                          "float32",
+                                          "--payload-dtype",
+                                          "float32",
+                                          "--keep-target-ids",
+                                          "--batch-tokens",
+                                          "1",
+                                          "--port-file",
+                                          port_file};
+  args.insert(args.end(), serve.begin(), serve.end());
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 std::string WaitForPortFile(const std::string& path) {
   const int port = testing::WaitForPortFile(path);
   return port > 0 ? "127.0.0.1:" + std::to_string(port) : "";
@@ -726,10 +759,7 @@ TEST_F(OnlineTest, KilledTeacherMidEpochEverySampleTrainedExactlyOnce) {
   for (int i = 0; i < 2; ++i) {
     const std::string port_file = dir_->Join(absl::StrCat("teacher-", i, ".port"));
     std::filesystem::remove(port_file);
-    pids.push_back(
-        Spawn({SPECSTREAM_TEACHER_PATH, "serve", "--model", dir_->Join("target"), "--runtime", "hf",
-               "--devices", "cpu", "--port", "0", "--dtype", "float32", "--payload-dtype",
-               "float32", "--keep-target-ids", "--batch-tokens", "1", "--port-file", port_file}));
+    pids.push_back(Spawn(ServeCommand(dir_->Join("target"), "0", port_file)));
     addresses.push_back(WaitForPortFile(port_file));
     ASSERT_FALSE(addresses.back().empty()) << "teacher " << i << " did not start";
   }
@@ -778,9 +808,7 @@ TEST_F(OnlineTest, OnlyTeacherKilledAndRestartedOnItsPortTrainsAsIfUninterrupted
   const std::string port_file = dir_->Join("teacher-restarted.port");
   auto serve = [&](const std::string& port) {
     std::filesystem::remove(port_file);
-    return Spawn({SPECSTREAM_TEACHER_PATH, "serve", "--model", dir_->Join("target"), "--runtime",
-                  "hf", "--devices", "cpu", "--port", port, "--dtype", "float32", "--payload-dtype",
-                  "float32", "--keep-target-ids", "--batch-tokens", "1", "--port-file", port_file});
+    return Spawn(ServeCommand(dir_->Join("target"), port, port_file));
   };
   pid_t pid = serve("0");
   const std::string address = WaitForPortFile(port_file);
@@ -842,28 +870,9 @@ TEST_F(OnlineTest, TeacherKilledMidAnswerItsPromptsGoToTheOtherAndEverySampleTra
   for (int i = 0; i < 2; ++i) {
     const std::string port_file = dir_->Join(absl::StrCat("answering-teacher-", i, ".port"));
     std::filesystem::remove(port_file);
-    pids.push_back(Spawn({SPECSTREAM_TEACHER_PATH,
-                          "--log-level",
-                          "debug",
-                          "serve",
-                          "--model",
-                          dir_->Join("target"),
-                          "--runtime",
-                          "hf",
-                          "--devices",
-                          "cpu",
-                          "--port",
-                          "0",
-                          "--dtype",
-                          "float32",
-                          "--payload-dtype",
-                          "float32",
-                          "--keep-target-ids",
-                          "--batch-tokens",
-                          "1",
-                          "--port-file",
-                          port_file},
-                         i == 0 ? log : dir_->Join("answering-teacher-1.log")));
+    pids.push_back(
+        Spawn(ServeCommand(dir_->Join("target"), "0", port_file, {}, {"--log-level", "debug"}),
+              i == 0 ? log : dir_->Join("answering-teacher-1.log")));
     addresses.push_back(WaitForPortFile(port_file));
     ASSERT_FALSE(addresses.back().empty()) << "teacher " << i << " did not start";
   }
@@ -931,27 +940,8 @@ TEST_F(OnlineTest, NcclPayloadsFromATeacherProcessTrainLikeOffline) {
       specstream::testing::NcclPeerEnv(devices, "specstream-online-test-teacher"));
   const std::string port_file = dir_->Join("teacher-nccl.port");
   std::filesystem::remove(port_file);
-  const pid_t pid = Spawn({SPECSTREAM_TEACHER_PATH,
-                           "serve",
-                           "--model",
-                           dir_->Join("target"),
-                           "--runtime",
-                           "hf",
-                           "--devices",
-                           "cpu",
-                           "--port",
-                           "0",
-                           "--dtype",
-                           "float32",
-                           "--payload-dtype",
-                           "float32",
-                           "--keep-target-ids",
-                           "--batch-tokens",
-                           "1",
-                           "--nccl-device",
-                           std::to_string(devices - 1),
-                           "--port-file",
-                           port_file});
+  const pid_t pid = Spawn(ServeCommand(dir_->Join("target"), "0", port_file,
+                                       {"--nccl-device", std::to_string(devices - 1)}));
   specstream::testing::ApplyEnv(
       specstream::testing::NcclPeerEnv(devices, "specstream-online-test-student"));
   const std::string address = WaitForPortFile(port_file);

