@@ -203,6 +203,23 @@ class OnlineTest : public ::testing::Test {
     return c;
   }
 
+  // Config `c` trained 4 steps on two ranks (threads over one process
+  // group); `ranks` gets both trainers.
+  static absl::Status TrainTwoRanks(TrainerConfig c, std::vector<std::unique_ptr<Trainer>>& ranks) {
+    c.max_steps = 4;
+    ranks.resize(2);
+    const absl::Status status = specstream::testing::RunOnRankHandles(
+        2, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
+          auto trainer = Trainer::Create(c, rank, 2, handle.group, handle.store);
+          if (!trainer.ok()) return trainer.status();
+          absl::Status run = (*trainer)->RunSteps(4);
+          ranks[rank] = std::move(*trainer);
+          return run;
+        });
+    EXPECT_TRUE(status.ok()) << status;
+    return status;
+  }
+
   static void ExpectSameTraining(Trainer& a, Trainer& b) {
     ASSERT_EQ(a.history().size(), b.history().size());
     for (size_t i = 0; i < a.history().size(); ++i) {
@@ -343,17 +360,8 @@ TEST_F(OnlineTest, BlockDraftUnderContextParallelismOnlineEqualsOffline) {
     c.block.num_anchors = 6;
     c.block.markov_rank = 8;
     c.mask_token_id = 255;
-    c.max_steps = 4;
     c.cp_size = 2;
-    const absl::Status status = specstream::testing::RunOnRankHandles(
-        2, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
-          auto trainer = Trainer::Create(c, rank, 2, handle.group, handle.store);
-          if (!trainer.ok()) return trainer.status();
-          absl::Status run = (*trainer)->RunSteps(4);
-          ranks[rank] = std::move(*trainer);
-          return run;
-        });
-    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(TrainTwoRanks(c, ranks).ok());
   }
   ExpectSameTraining(*online[0], *offline[0]);
   ExpectSameTraining(*online[1], *offline[1]);
@@ -368,17 +376,8 @@ TEST_F(OnlineTest, ContextParallelRanksReceiveTheirSlices) {
   for (bool use_teacher : {false, true}) {
     auto& ranks = use_teacher ? online : offline;
     TrainerConfig c = use_teacher ? Online({teacher.server->address()}) : Offline();
-    c.max_steps = 4;
     c.cp_size = 2;
-    const absl::Status status = specstream::testing::RunOnRankHandles(
-        2, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
-          auto trainer = Trainer::Create(c, rank, 2, handle.group, handle.store);
-          if (!trainer.ok()) return trainer.status();
-          absl::Status run = (*trainer)->RunSteps(4);
-          ranks[rank] = std::move(*trainer);
-          return run;
-        });
-    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(TrainTwoRanks(c, ranks).ok());
   }
   ExpectSameTraining(*online[0], *offline[0]);
   // Slices: a rank's source hands back rows [begin, end + halo) only.
@@ -459,17 +458,8 @@ TEST_F(OnlineTest, RegeneratedUnderContextParallelismDecodesEachAnswerOnce) {
     auto& ranks = use_teacher ? online : offline;
     TrainerConfig c =
         use_teacher ? Regenerated({teacher.server->address()}, 0) : OfflineRegenerated(0);
-    c.max_steps = 4;
     c.cp_size = 2;
-    const absl::Status status = specstream::testing::RunOnRankHandles(
-        2, [&](int rank, const ProcessGroupHandle& handle) -> absl::Status {
-          auto trainer = Trainer::Create(c, rank, 2, handle.group, handle.store);
-          if (!trainer.ok()) return trainer.status();
-          absl::Status run = (*trainer)->RunSteps(4);
-          ranks[rank] = std::move(*trainer);
-          return run;
-        });
-    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(TrainTwoRanks(c, ranks).ok());
   }
   ExpectSameTraining(*online[0], *offline[0]);
   ExpectSameTraining(*online[1], *offline[1]);
@@ -725,25 +715,16 @@ std::vector<std::string> ServeCommand(const std::string& target, const std::stri
                                       const std::vector<std::string>& global = {}) {
   std::vector<std::string> args = {SPECSTREAM_TEACHER_PATH};
   args.insert(args.end(), global.begin(), global.end());
-  const std::vector<std::string> serve = {"serve",
-                                          "--model",
-                                          target,
-                                          "--runtime",
-                                          "hf",
-                                          "--devices",
-                                          "cpu",
-                                          "--port",
-                                          port,
-                                          "--dtype",
-                                          "float32",
-                                          "--payload-dtype",
-                                          "float32",
-                                          "--keep-target-ids",
-                                          "--batch-tokens",
-                                          "1",
-                                          "--port-file",
-                                          port_file};
-  args.insert(args.end(), serve.begin(), serve.end());
+  for (absl::string_view flag :
+       absl::StrSplit("serve --runtime hf --devices cpu --dtype float32 --payload-dtype float32 "
+                      "--keep-target-ids --batch-tokens 1",
+                      ' ')) {
+    args.emplace_back(flag);
+  }
+  for (const char* flag :
+       {"--model", target.c_str(), "--port", port.c_str(), "--port-file", port_file.c_str()}) {
+    args.push_back(flag);
+  }
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }

@@ -131,64 +131,64 @@ TEST(HfRuntimeTest, PaddedBatchEqualsOneSequenceAtATime) {
   }
 }
 
+// The incremental decoding tests: a 4-layer model of the parameter's
+// architecture (llama with a sliding window of 6, qwen3), capturing 1 and 3.
+class HfDecodingTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    model_.arch = GetParam();
+    model_.layers = 4;
+    if (std::string(GetParam()) == "llama") {
+      model_.edit_config = [](HfModelConfig& c) { c.sliding_window = 6; };
+    }
+    WriteTinyModel(dir_.path(), model_);
+    runtime_ = Load(dir_.path(), {1, 3});
+    ASSERT_NE(runtime_, nullptr);
+  }
+  specstream::testing::TempDir dir_;
+  TinyModelOptions model_;
+  std::unique_ptr<HfRuntime> runtime_;
+};
+INSTANTIATE_TEST_SUITE_P(Architectures, HfDecodingTest, ::testing::Values("llama", "qwen3"));
+
 // Incremental decoding on the KV cache equals the full forward, whatever
 // the chunks, and a truncated cache continues as if the dropped positions
 // had never run (Llama with a sliding window, Qwen3 with q/k norms).
-// The incremental decoding tests' model: 4 layers of `arch`, llama with a
-// sliding window of 6.
-TinyModelOptions DecodingModel(const std::string& arch) {
-  TinyModelOptions model;
-  model.arch = arch;
-  model.layers = 4;
-  if (arch == "llama") {
-    model.edit_config = [](HfModelConfig& c) { c.sliding_window = 6; };
+TEST_P(HfDecodingTest, ExtendOnTheKvCacheEqualsTheFullForward) {
+  const std::vector<int32_t> ids = Tokens(23, model_.vocab, 7);
+  ForwardRequest request;
+  request.sequences = {ids};
+  auto full = runtime_->Forward(request);
+  ASSERT_TRUE(full.ok()) << full.status();
+  KvCache cache;
+  std::vector<torch::Tensor> aux, last;
+  size_t at = 0;
+  for (size_t chunk : {5, 1, 1, 8, 3, 5}) {
+    std::vector<int32_t> part(ids.begin() + at, ids.begin() + at + chunk);
+    // A rejected proposal first: run junk, then drop it.
+    auto junk = runtime_->Extend(cache, Tokens(3, model_.vocab, 99));
+    ASSERT_TRUE(junk.ok()) << junk.status();
+    cache.Truncate(static_cast<int64_t>(at));
+    auto rows = runtime_->Extend(cache, part);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    aux.push_back(rows->aux_hidden);
+    last.push_back(rows->last_hidden);
+    at += chunk;
+    EXPECT_EQ(cache.length, static_cast<int64_t>(at));
   }
-  return model;
-}
-
-TEST(HfRuntimeTest, ExtendOnTheKvCacheEqualsTheFullForward) {
-  for (const char* arch : {"llama", "qwen3"}) {
-    SCOPED_TRACE(arch);
-    specstream::testing::TempDir dir;
-    const TinyModelOptions model = DecodingModel(arch);
-    WriteTinyModel(dir.path(), model);
-    auto runtime = Load(dir.path(), {1, 3});
-    ASSERT_NE(runtime, nullptr);
-    const std::vector<int32_t> ids = Tokens(23, model.vocab, 7);
-    ForwardRequest request;
-    request.sequences = {ids};
-    auto full = runtime->Forward(request);
-    ASSERT_TRUE(full.ok()) << full.status();
-    KvCache cache;
-    std::vector<torch::Tensor> aux, last;
-    size_t at = 0;
-    for (size_t chunk : {5, 1, 1, 8, 3, 5}) {
-      std::vector<int32_t> part(ids.begin() + at, ids.begin() + at + chunk);
-      // A rejected proposal first: run junk, then drop it.
-      auto junk = runtime->Extend(cache, Tokens(3, model.vocab, 99));
-      ASSERT_TRUE(junk.ok()) << junk.status();
-      cache.Truncate(static_cast<int64_t>(at));
-      auto rows = runtime->Extend(cache, part);
-      ASSERT_TRUE(rows.ok()) << rows.status();
-      aux.push_back(rows->aux_hidden);
-      last.push_back(rows->last_hidden);
-      at += chunk;
-      EXPECT_EQ(cache.length, static_cast<int64_t>(at));
-    }
-    ExpectClose(torch::cat(aux), (*full)[0].aux_hidden);
-    ExpectClose(torch::cat(last), (*full)[0].last_hidden);
-    const torch::Tensor logits = runtime->Logits(torch::cat(last));
-    EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{23, model.vocab}));
-    request.want_target_ids = true;
-    auto argmax = runtime->Forward(request);
-    ASSERT_TRUE(argmax.ok());
-    EXPECT_TRUE(torch::equal(logits.argmax(-1).to(torch::kInt32), (*argmax)[0].target_ids));
-    // Bad input leaves the cache as it was.
-    EXPECT_EQ(runtime->Extend(cache, {model.vocab}).status().code(),
-              absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(runtime->Extend(cache, {}).status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(cache.length, 23);
-  }
+  ExpectClose(torch::cat(aux), (*full)[0].aux_hidden);
+  ExpectClose(torch::cat(last), (*full)[0].last_hidden);
+  const torch::Tensor logits = runtime_->Logits(torch::cat(last));
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{23, model_.vocab}));
+  request.want_target_ids = true;
+  auto argmax = runtime_->Forward(request);
+  ASSERT_TRUE(argmax.ok());
+  EXPECT_TRUE(torch::equal(logits.argmax(-1).to(torch::kInt32), (*argmax)[0].target_ids));
+  // Bad input leaves the cache as it was.
+  EXPECT_EQ(runtime_->Extend(cache, {model_.vocab}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runtime_->Extend(cache, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.length, 23);
 }
 
 // Batched decoding (HfRuntime::DecodeStep through StepAnswers): three
@@ -196,53 +196,44 @@ TEST(HfRuntimeTest, ExtendOnTheKvCacheEqualsTheFullForward) {
 // seeds, advanced together give exactly what each gives decoded alone by
 // spec::Decode (target-only), greedy and sampled, on llama with a sliding
 // window and on qwen3. Bad input changes no cache.
-TEST(HfRuntimeTest, BatchedAnswersEqualEachDecodedAlone) {
-  for (const char* arch : {"llama", "qwen3"}) {
-    SCOPED_TRACE(arch);
-    specstream::testing::TempDir dir;
-    const TinyModelOptions model = DecodingModel(arch);
-    WriteTinyModel(dir.path(), model);
-    auto runtime = Load(dir.path(), {1, 3});
-    ASSERT_NE(runtime, nullptr);
-    const std::vector<std::vector<int32_t>> prompts = {
-        Tokens(3, model.vocab, 1), Tokens(9, model.vocab, 2), Tokens(5, model.vocab, 3)};
-    const std::vector<int64_t> budgets = {10, 4, 7};
-    for (double temperature : {0.0, 1.0}) {
-      SCOPED_TRACE(temperature);
-      std::vector<std::unique_ptr<AnswerDecoder>> batched;
-      std::vector<AnswerDecoder*> all;
-      std::vector<std::vector<int32_t>> alone_tokens;
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        spec::DecodeOptions options;
-        options.max_new_tokens = budgets[i];
-        options.temperature = temperature;
-        options.seed = 11 + i;
-        DecodeTarget alone_target(*runtime, {});
-        auto alone = spec::Decode(alone_target, nullptr, prompts[i], options);
-        ASSERT_TRUE(alone.ok()) << alone.status();
-        batched.push_back(std::make_unique<AnswerDecoder>(options));
-        ASSERT_TRUE(batched.back()->Start(*runtime, prompts[i]).ok());
-        all.push_back(batched.back().get());
-        alone_tokens.push_back(alone->tokens);
-      }
-      int steps = 0;
-      while (std::any_of(all.begin(), all.end(), [](AnswerDecoder* a) { return !a->done(); })) {
-        ASSERT_TRUE(StepAnswers(*runtime, all).ok());
-        ++steps;
-      }
-      EXPECT_EQ(steps, 9);  // the longest budget, less the prefill's token
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        EXPECT_EQ(batched[i]->tokens(), alone_tokens[i]) << "answer " << i;
-      }
+TEST_P(HfDecodingTest, BatchedAnswersEqualEachDecodedAlone) {
+  const std::vector<std::vector<int32_t>> prompts = {
+      Tokens(3, model_.vocab, 1), Tokens(9, model_.vocab, 2), Tokens(5, model_.vocab, 3)};
+  const std::vector<int64_t> budgets = {10, 4, 7};
+  for (double temperature : {0.0, 1.0}) {
+    SCOPED_TRACE(temperature);
+    std::vector<std::unique_ptr<AnswerDecoder>> batched;
+    std::vector<AnswerDecoder*> all;
+    std::vector<std::vector<int32_t>> alone_tokens;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      spec::DecodeOptions options;
+      options.max_new_tokens = budgets[i];
+      options.temperature = temperature;
+      options.seed = 11 + i;
+      DecodeTarget alone_target(*runtime_, {});
+      auto alone = spec::Decode(alone_target, nullptr, prompts[i], options);
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      batched.push_back(std::make_unique<AnswerDecoder>(options));
+      ASSERT_TRUE(batched.back()->Start(*runtime_, prompts[i]).ok());
+      all.push_back(batched.back().get());
+      alone_tokens.push_back(alone->tokens);
     }
-    KvCache cache;
-    ASSERT_TRUE(runtime->Extend(cache, Tokens(4, model.vocab, 5)).ok());
-    EXPECT_EQ(runtime->DecodeStep({&cache}, {model.vocab}).status().code(),
-              absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(runtime->DecodeStep({&cache}, {}).status().code(),
-              absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(cache.length, 4);
+    int steps = 0;
+    while (std::any_of(all.begin(), all.end(), [](AnswerDecoder* a) { return !a->done(); })) {
+      ASSERT_TRUE(StepAnswers(*runtime_, all).ok());
+      ++steps;
+    }
+    EXPECT_EQ(steps, 9);  // the longest budget, less the prefill's token
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(batched[i]->tokens(), alone_tokens[i]) << "answer " << i;
+    }
   }
+  KvCache cache;
+  ASSERT_TRUE(runtime_->Extend(cache, Tokens(4, model_.vocab, 5)).ok());
+  EXPECT_EQ(runtime_->DecodeStep({&cache}, {model_.vocab}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runtime_->DecodeStep({&cache}, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.length, 4);
 }
 
 TEST(HfRuntimeTest, BlockwiseAttentionMatchesFullAttention) {
