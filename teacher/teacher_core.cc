@@ -500,7 +500,7 @@ void TeacherCore::AdvanceAnswers(TargetRuntime* runtime) {
 
 void TeacherCore::FinishAnswer(const std::string& key,
                                const absl::StatusOr<std::vector<int32_t>>& result) {
-  {
+  if (result.ok()) {
     absl::MutexLock lock(&stats_mu_);
     ++stats_.answers_decoded;
   }

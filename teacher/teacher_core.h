@@ -204,7 +204,7 @@ class TeacherCore final {
     int64_t queued_request_bytes_peak = 0;
     int64_t open_streams = 0;  // streams admitted now (AdmitStream, not yet SessionDone)
     int64_t streams_refused_over_limit = 0;  // by max_streams or max_streams_per_peer
-    int64_t answers_decoded = 0;             // Answer requests decoded
+    int64_t answers_decoded = 0;             // answers decoded whole
     int64_t answers_reused = 0;              // answered from the ones kept (or in progress)
     int64_t answer_steps = 0;                // batched decoding steps
     int64_t answer_step_rows = 0;            // answers those steps advanced

@@ -73,6 +73,16 @@ void ExportTeacherMetrics(const teacher::TeacherCore::Stats& stats,
                       static_cast<double>(stats.sample_errors - last.sample_errors));
   registry.AddCounter("specstream_teacher_forward_calls_total", "Target forward calls", {},
                       static_cast<double>(stats.forward_calls - last.forward_calls));
+  registry.AddCounter("specstream_teacher_answers_total", "Answers decoded (rpc Answer)", {},
+                      static_cast<double>(stats.answers_decoded - last.answers_decoded));
+  registry.AddCounter("specstream_teacher_answers_reused_total",
+                      "Answer requests served from a kept or in-progress answer", {},
+                      static_cast<double>(stats.answers_reused - last.answers_reused));
+  registry.AddCounter("specstream_teacher_answer_steps_total", "Batched decoding steps", {},
+                      static_cast<double>(stats.answer_steps - last.answer_steps));
+  registry.AddCounter("specstream_teacher_answer_step_rows_total",
+                      "Answers advanced by those steps (rows / steps: the mean batch)", {},
+                      static_cast<double>(stats.answer_step_rows - last.answer_step_rows));
   registry.SetGauge("specstream_teacher_queued_request_bytes",
                     "Bytes held by SampleRequests waiting for a credit (all streams)", {},
                     static_cast<double>(stats.queued_request_bytes));
@@ -91,6 +101,7 @@ absl::Status CheckTeacherDaemonOptions(const TeacherDaemonOptions& o) {
   RETURN_IF_ERROR(CheckListenPorts(o.port, o.metrics_port));
   if (o.host.empty()) return absl::InvalidArgumentError("--host: empty");
   if (o.batch_tokens < 1) return absl::InvalidArgumentError("--batch-tokens must be >= 1");
+  if (o.answer_batch < 1) return absl::InvalidArgumentError("--answer-batch must be >= 1");
   if (o.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
   if (o.chunk_kib < 1) return absl::InvalidArgumentError("--chunk-kib must be >= 1");
   if (o.max_queued_mib < 1 || o.max_queued_mib > kMaxQueuedMib) {
