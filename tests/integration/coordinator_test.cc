@@ -519,20 +519,25 @@ TEST_F(CoordinatorTest, StudentDaemonKilledMidJob) {
 // the coordinator's heartbeat has told it, and that refusal too is waited
 // out), the job succeeds without a restart, and the ledger lists every
 // sample exactly once per epoch.
+constexpr int kRestartSteps = 480;  // 30 epochs of 16 steps
+
 void CoordinatorTest::RestartSoleTeacherMidJob(int signal_number, const std::string& id) {
   StartCoordinator();
   const int teacher_port = StartTeacher();
   StartStudent("s0");
   const std::string ledger = dir_.Join("ledger-" + id);
-  // 32 samples, batch 2: 16 steps an epoch.
-  std::string spec = OnlineJob("teacher-restart-" + id, 1, 160, 1000);
+  // 32 samples, batch 2: 16 steps an epoch. 480 steps take several seconds
+  // even on an idle machine, so the poll below (a CLI call every 200 ms, the
+  // step as of the student's last heartbeat) finds the job between steps 10
+  // and 400; at 160 steps a fast run could finish inside one heartbeat.
+  std::string spec = OnlineJob("teacher-restart-" + id, 1, kRestartSteps, 1000);
   spec.replace(spec.find("data:\n") + 6, 0, "  ledger_dir: " + ledger + "\n");
   testing::WriteFile(dir_.Join("job.yaml"), spec);
   ASSERT_EQ(Cli("submit " + dir_.Join("job.yaml") + " --id " + id), 0) << CliErr();
   ASSERT_TRUE(WaitFor(
       id,
       [](const nlohmann::json& job) {
-        return job["state"] == "JOB_STATE_RUNNING" && Step(job) >= 10 && Step(job) < 80;
+        return job["state"] == "JOB_STATE_RUNNING" && Step(job) >= 10 && Step(job) < 400;
       },
       120))
       << Log("coordinator");
@@ -544,7 +549,7 @@ void CoordinatorTest::RestartSoleTeacherMidJob(int signal_number, const std::str
   nlohmann::json job = Status(id);
   EXPECT_EQ(job["state"], "JOB_STATE_SUCCEEDED") << job.dump();
   EXPECT_EQ(job.value("attempt", 0), 0) << job.dump();  // waited for, not restarted
-  EXPECT_EQ(Step(job), 160);
+  EXPECT_EQ(Step(job), kRestartSteps);
   ASSERT_EQ(Cli("logs " + id), 0);
   EXPECT_NE(CliOut().find("is back"), std::string::npos) << CliOut();
 
@@ -557,8 +562,8 @@ void CoordinatorTest::RestartSoleTeacherMidJob(int signal_number, const std::str
     for (int64_t id : record["sample_ids"]) ++by_epoch[steps / 16][id];
     ++steps;
   }
-  EXPECT_EQ(steps, 160);
-  EXPECT_EQ(by_epoch.size(), 10u);
+  EXPECT_EQ(steps, kRestartSteps);
+  EXPECT_EQ(by_epoch.size(), static_cast<size_t>(kRestartSteps / 16));
   for (const auto& [epoch, counts] : by_epoch) {
     EXPECT_EQ(counts.size(), 32u) << "epoch " << epoch;
     for (const auto& [id, count] : counts) {
