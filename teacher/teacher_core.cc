@@ -383,31 +383,27 @@ void TeacherCore::Answer(const v1::AnswerRequest& request, AnswerDone done) {
   }
   std::string key = request.SerializeAsString();
   std::optional<std::vector<int32_t>> kept;  // handed to `done` without the lock
+  bool start_stepping = false;
   {
     absl::MutexLock lock(&answers_mu_);
     auto [it, added] = answers_.try_emplace(key);
-    if (added) {
-      it->second.waiters.push_back(std::move(done));
-      ++answers_pending_;
-    } else if (!it->second.decoded) {
+    if (!added) {
+      absl::MutexLock stats_lock(&stats_mu_);
+      ++stats_.answers_reused;
+    }
+    if (added || !it->second.decoded) {
       it->second.waiters.push_back(std::move(done));
     } else {
       kept = it->second.ids;
     }
-    if (!added) {
-      absl::MutexLock stats_lock(&stats_mu_);
-      ++stats_.answers_reused;
-      if (!kept.has_value()) return;
+    if (added) {  // a new answer: it waits for AdvanceAnswers
+      ++answers_pending_;
+      answers_waiting_.push_back(WaitingAnswer{std::move(key), request, *max_new});
+      start_stepping = !stepping_;
+      stepping_ = true;
     }
   }
   if (kept.has_value()) return done(*std::move(kept));
-  bool start_stepping = false;
-  {
-    absl::MutexLock lock(&answers_mu_);
-    answers_waiting_.push_back(WaitingAnswer{std::move(key), request, *max_new});
-    start_stepping = !stepping_;
-    stepping_ = true;
-  }
   if (start_stepping) {
     batcher_->EnqueueTask([this](TargetRuntime* runtime) { AdvanceAnswers(runtime); });
   }
