@@ -6,8 +6,10 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -235,9 +237,12 @@ class MultiHostTest : public ::testing::Test {
   // it at its hostname, which /etc/hosts resolves on every host); under the
   // coordinator when one is given. One sequence per forward, so that its
   // numerics never depend on which requests share a batch.
-  void StartTeacher(int host, const std::string& name, const std::string& coordinator = "") {
+  // `global` goes before the command (--log-level debug), `flags` after.
+  void StartTeacher(int host, const std::string& name, const std::string& coordinator = "",
+                    const std::string& flags = "", const std::string& global = "") {
     SpawnOn(host, name, SPECSTREAM_TEACHER_PATH,
-            "serve --model " + dir_.Join("target") + " --devices cpu --host 0.0.0.0 --port 0 " +
+            global + " serve --model " + dir_.Join("target") + " " + flags +
+                " --devices cpu --host 0.0.0.0 --port 0 " +
                 "--keep-target-ids --batch-tokens 1 --port-file " + dir_.Join(name + ".port") +
                 (coordinator.empty() ? " --insecure-no-auth"
                                      : " --coordinator " + coordinator + " " + DaemonToken()));
@@ -574,6 +579,53 @@ TEST_F(MultiHostTest, TeacherLinkCutMidEpochFailsOverWithNothingLost) {
   EXPECT_TRUE(testing::ReadFile(dir_.Join("ckpt-clean") + last) ==
               testing::ReadFile(dir_.Join("ckpt-cut") + last))
       << "the failed-over run's final weights differ from the uninterrupted run's";
+}
+
+// data.regenerate across hosts (P19): the two DDP ranks, each on its own
+// host, send prompts to two teachers on two other hosts, which write the
+// answers (sampled, T = 1) and stream prompt + answer. Training equals DDP on
+// one host over the store `dump --regenerate` writes with the same settings,
+// and each teacher wrote some of the answers.
+TEST_F(MultiHostTest, RegenerationAcrossHostsEqualsTheRegeneratedStore) {
+  if (!MakeHosts(4)) return;
+  MakeTargetAndStore();
+  {
+    std::ifstream data(dir_.Join("data.jsonl"));
+    std::ofstream prompts(dir_.Join("prompts.jsonl"));
+    for (std::string line; std::getline(data, line);) {
+      std::vector<int32_t> ids = nlohmann::json::parse(line)["input_ids"];
+      ids.resize(8);
+      prompts << nlohmann::json{{"input_ids", ids}}.dump() << "\n";
+    }
+  }
+  const std::string answers = "--max-new 12 --temperature 1 --seed 5";
+  ASSERT_EQ(
+      Tool(SPECSTREAM_TEACHER_PATH,
+           "dump --model " + dir_.Join("target") + " --data " + dir_.Join("prompts.jsonl") +
+               " --out " + dir_.Join("store-regenerated") +
+               " --keep-target-ids --batch-tokens 1 --store-dtype float32 --regenerate " + answers),
+      0)
+      << ToolLog();
+  TrainOnOneHost("regen-local",
+                 Job("regen-local", "  store: " + dir_.Join("store-regenerated") + "\n", ""), 2);
+
+  const std::string float32 = "--dtype float32 --payload-dtype float32";
+  StartTeacher(2, "teacher-a", "", float32, "--log-level debug");
+  StartTeacher(3, "teacher-b", "", float32, "--log-level debug");
+  const std::string data = "  tokenized: " + dir_.Join("prompts.jsonl") +
+                           "\n  teachers: [\"host2:" + std::to_string(WaitPort("teacher-a")) +
+                           "\", \"host3:" + std::to_string(WaitPort("teacher-b")) +
+                           "\"]\n  regenerate:\n    max_new_tokens: 12\n    temperature: 1.0\n"
+                           "    seed: 5\n";
+  const auto codes = TrainOnHosts("regen-hosts", Job("regen-hosts", data, ""), {0, 1},
+                                  {{1, {"GLOO_SOCKET_IFNAME=eth0"}}});
+  ASSERT_EQ(codes, std::vector<int>({0, 0})) << RankLogs("regen-hosts", 2);
+  ExpectSameTraining("regen-local", "regen-hosts");
+  for (const std::string teacher : {"teacher-a", "teacher-b"}) {
+    EXPECT_NE(Log(teacher).find("answered sample"), std::string::npos)
+        << teacher << " wrote no answer:\n"
+        << Log(teacher);
+  }
 }
 
 // Fault (a): 20 ms delay on everything the teacher's host receives (so on
