@@ -7,9 +7,11 @@
 #
 # The data: every training prompt (id % 10 != 9; the held-out ones are never
 # answered, trained on or seen) with the committed answers
-# (tests/data/smollm2/answers.jsonl, the target's own) and CURVE_ANSWERS more
-# answers per prompt sampled from the target at CURVE_TEMPERATURE, each with
-# its own seed (`specstream-eval generate --batch`, answers decoded together).
+# (tests/data/smollm2/answers.jsonl, the target's own); new prompts the target
+# writes itself from seed topics (tests/data/smollm2/topics.txt), with its
+# greedy answers; and CURVE_ANSWERS more answers per prompt, old and new,
+# sampled from the target at CURVE_TEMPERATURE, each with its own seed
+# (`specstream-eval generate --batch`, answers decoded together).
 #
 # The budgets: one run of the quality benchmark's recipe (lr 5e-3, K = 7,
 # draft vocab 4096, batch 1) with a constant step size after a short warmup,
@@ -27,9 +29,11 @@
 # ratio against training minutes and tokens; matplotlib from PyPI in a venv
 # under BUILD_DIR/plot-venv); CURVE_DOCS=1 copies them to
 # docs/quality_curve.md and docs/images/quality_curve.png.
-# Environment (defaults are the full run, about 100 minutes in all):
+# Environment (defaults are the full run, about 100 minutes in all: 32 of
+# them writing the data, 57 training, 10 decoding):
 #   CURVE_MINUTES (60), CURVE_POINTS ("0.0625 0.125 0.25 0.5 1"),
-#   CURVE_ANSWERS (4), CURVE_TEMPERATURE (0.8), CURVE_MAX_NEW (160),
+#   CURVE_ANSWERS (1), CURVE_TOPIC_SEEDS (2; 0: no target-written prompts),
+#   CURVE_TEMPERATURE (0.8), CURVE_MAX_NEW (160),
 #   CURVE_BATCH (8), CURVE_TRAIN_PROMPTS (0: all 216), CURVE_PROMPTS (24),
 #   CURVE_EVAL_MAX_NEW (64), CURVE_KIND (eagle3 | eagle31).
 set -euo pipefail
@@ -37,7 +41,8 @@ set -euo pipefail
 source "$(dirname "$0")/../testing/smollm2_script.sh"
 MINUTES=${CURVE_MINUTES:-60}
 POINTS=${CURVE_POINTS:-0.0625 0.125 0.25 0.5 1}
-ANSWERS=${CURVE_ANSWERS:-4}
+ANSWERS=${CURVE_ANSWERS:-1}
+TOPIC_SEEDS=${CURVE_TOPIC_SEEDS:-2}
 TEMPERATURE=${CURVE_TEMPERATURE:-0.8}
 MAX_NEW=${CURVE_MAX_NEW:-160}
 BATCH=${CURVE_BATCH:-8}
@@ -59,14 +64,80 @@ esac
 # --- The data ---------------------------------------------------------------
 rm -rf "$WORK/target" "$WORK/store-train" "$WORK"/ckpt-* "$WORK"/budget-* "$WORK/curve."*
 "$BIN/specstream-teacher" import-gguf --gguf "$GGUF" --out "$WORK/target" >/dev/null
-limit=()
-if ((TRAIN_PROMPTS > 0)); then limit=(--limit "$TRAIN_PROMPTS"); fi
+generate() {  # NAME [generate flags...]: the target's answers, to $WORK/NAME.jsonl
+  local name=$1
+  shift
+  "$BIN/specstream-eval" generate --target "$WORK/target" --batch "$BATCH" \
+    --out "$WORK/$name.jsonl" "$@" 2>"$WORK/$name.log" || { tail -5 "$WORK/$name.log" >&2; exit 1; }
+}
+# Target-written prompts: for every seed topic (tests/data/smollm2/topics.txt)
+# the target is asked, in two phrasings and CURVE_TOPIC_SEEDS sampled tries,
+# for a question a user might ask; the questions in what it writes (a
+# sentence from a question word to a "?", 4 to 25 words, not about "question"
+# itself) become new training prompts, ids from 1000 up skipping the held-out
+# residue (id % 10 == 9), none equal to any committed prompt. The first three
+# training prompts serve as the examples; no held-out prompt is shown.
+python3 - "$DATA" "$WORK" "$TRAIN_PROMPTS" <<'PY'
+import json, sys
+data, work, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+train = [p for p in map(json.loads, open(f"{data}/prompts.jsonl")) if p["id"] % 10 != 9]
+if limit > 0:
+    train = train[:limit]
+with open(f"{work}/prompts.jsonl", "w") as f:
+    for p in train:
+        f.write(json.dumps(p) + "\n")
+examples = "\n".join(p["prompt"] for p in train[:3])
+forms = ["Here are questions people ask an assistant:\n" + examples +
+         "\n\nWrite one new question of this kind about {}.",
+         "Give me one example of a question a beginner might ask about {}."]
+topics = [t.strip() for t in open(f"{data}/topics.txt") if t.strip()]
+with open(f"{work}/instructions.jsonl", "w") as f:
+    for i, (topic, form) in enumerate((t, fm) for t in topics for fm in forms):
+        f.write(json.dumps({"id": i, "prompt": form.format(topic)}) + "\n")
+PY
+for ((s = 1; s <= TOPIC_SEEDS; s++)); do
+  generate "written-$s" --prompts "$WORK/instructions.jsonl" --split all --max-new 48 \
+    --temperature "$TEMPERATURE" --seed $((s * 1000003))
+done
+python3 - "$DATA" "$WORK" "$TOPIC_SEEDS" <<'PY'
+import json, re, sys
+data, work, seeds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+key = lambda q: re.sub(r"\W+", " ", q.lower()).strip()
+committed = {key(p["prompt"]) for p in map(json.loads, open(f"{data}/prompts.jsonl"))}
+starts = {"what", "how", "why", "when", "where", "which", "who", "can", "could", "should",
+          "is", "are", "do", "does", "would", "will"}
+found, seen = [], set(committed)
+for s in range(1, seeds + 1):
+    for r in map(json.loads, open(f"{work}/written-{s}.jsonl")):
+        for m in re.finditer(r'[A-Z][^?"\n!:]{8,160}\?', r["answer"]):
+            q = re.split(r"(?<=[.!])\s+", m.group(0).strip())[-1]
+            first = re.match(r"[A-Za-z]*", q).group(0).lower()
+            if first not in starts or not 4 <= len(q.split()) <= 25 or "question" in q.lower():
+                continue
+            if key(q) not in seen:
+                seen.add(key(q))
+                found.append(q)
+ids = [i for i in range(1000, 1000 + 2 * len(found) + 10) if i % 10 != 9][:len(found)]
+with open(f"{work}/written.jsonl", "w") as f, open(f"{work}/prompts.jsonl", "a") as all_prompts:
+    for i, q in zip(ids, found):
+        line = json.dumps({"id": i, "prompt": q}) + "\n"
+        f.write(line)
+        all_prompts.write(line)
+print(f"quality_curve: the target wrote {len(found)} new prompts")
+PY
+stamp "target-written prompts ready"
+if [[ -s "$WORK/written.jsonl" ]]; then
+  # Their greedy answers (the committed prompts have theirs in answers.jsonl).
+  generate written-answers --prompts "$WORK/written.jsonl" --split all --max-new "$MAX_NEW" \
+    --temperature 0
+  stamp "greedy answers to the written prompts"
+else
+  : >"$WORK/written-answers.jsonl"
+fi
 for ((s = 1; s <= ANSWERS; s++)); do
   # Seeds far apart: prompt id i's answer is sampled with seed s * 100000 + i.
-  "$BIN/specstream-eval" generate --target "$WORK/target" --prompts "$DATA/prompts.jsonl" \
-    --split train "${limit[@]}" --max-new "$MAX_NEW" --temperature "$TEMPERATURE" \
-    --seed $((s * 100000)) --batch "$BATCH" --out "$WORK/sampled-$s.jsonl" \
-    2>"$WORK/generate-$s.log" || { tail -5 "$WORK/generate-$s.log" >&2; exit 1; }
+  generate "sampled-$s" --prompts "$WORK/prompts.jsonl" --split train --max-new "$MAX_NEW" \
+    --temperature "$TEMPERATURE" --seed $((s * 100000))
   stamp "sampled answers $s of $ANSWERS written"
 done
 python3 - "$DATA/answers.jsonl" "$WORK" "$ANSWERS" "$TRAIN_PROMPTS" <<'PY'
@@ -77,8 +148,8 @@ records = [r for r in records if r["id"] % 10 != 9]
 if limit > 0:
     ids = sorted({r["id"] for r in records})[:limit]
     records = [r for r in records if r["id"] in ids]
-for s in range(1, answers + 1):
-    records += [json.loads(l) for l in open(f"{work}/sampled-{s}.jsonl") if l.strip()]
+for name in ["written-answers"] + [f"sampled-{s}" for s in range(1, answers + 1)]:
+    records += [json.loads(l) for l in open(f"{work}/{name}.jsonl") if l.strip()]
 held = [r["id"] for r in records if r["id"] % 10 == 9]
 if held:
     sys.exit(f"quality_curve: held-out prompts {held[:5]} reached the training data")
@@ -92,9 +163,12 @@ with open(f"{work}/train.jsonl", "w") as f:
     for r in rows:
         f.write(json.dumps(r) + "\n")
 tokens = sum(len(r["input_ids"]) for r in rows)
-json.dump({"samples": len(rows), "tokens": tokens}, open(f"{work}/train-size.json", "w"))
+prompts = len({r["id"] for r in records})
+written = sum(1 for _ in open(f"{work}/written.jsonl"))
+json.dump({"samples": len(rows), "tokens": tokens, "prompts": prompts, "written": written},
+          open(f"{work}/train-size.json", "w"))
 print(f"quality_curve: {len(rows)} distinct training samples, {tokens} tokens, "
-      f"{len({r['id'] for r in records})} prompts; held-out prompts unseen")
+      f"{prompts} prompts ({written} written by the target); held-out prompts unseen")
 PY
 "$BIN/specstream-teacher" dump --model "$WORK/target" --data "$WORK/train.jsonl" \
   --out "$WORK/store-train" --keep-target-ids >/dev/null 2>"$WORK/dump.log" \
@@ -199,7 +273,8 @@ for step, saved in budgets:
 best = max(points, key=lambda p: p[2])
 text = ("\n".join(table) + "\n\n"
         f"{kind} on SmolLM2-135M-Instruct; {size['samples']} training samples "
-        f"({size['tokens']} tokens); {rows[int(budgets[0][0])]['prompts']} held-out prompts; "
+        f"({size['tokens']} tokens) of {size['prompts']} prompts, {size['written']} of them "
+        f"written by the target; {rows[int(budgets[0][0])]['prompts']} held-out prompts; "
         f"one run of {steps} steps ({minutes} min budget), constant step size. "
         f"Best: τ {best[2]:.3f} at {best[0]:.1f} min, wall ×{best[4]:.2f}.\n")
 print(text)
