@@ -6,6 +6,8 @@
 #include "CLI/CLI.hpp"
 #include "common/exit_code.h"
 #include "common/logging.h"
+#include "common/openmp_wait.h"
+#include "common/torch/threads.h"
 #include "services/eval/eval_commands.h"
 
 namespace {
@@ -18,6 +20,8 @@ int ExitCode(const absl::Status& status) { return ReportExit("specstream-eval", 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread: may re-execute this binary (common/openmp_wait.h).
+  specstream::PreferPassiveOpenMpWait(argv);
   CLI::App app{"specstream-eval: speculative decoding with a trained draft on a real target"};
   app.require_subcommand(1);
   GenerateOptions gen;
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
   sp_cmd->add_option("--dtype", sp.dtype, "float32 | bfloat16 | auto");
   sp_cmd->add_option("--json", sp.json, "Also write one JSON line per temperature here");
   CLI11_PARSE(app, argc, argv);
+  ConfigureComputeThreads();
   if (gen_cmd->parsed()) return ExitCode(Generate(gen));
   return ExitCode(Speculate(sp));
 }

@@ -34,6 +34,7 @@
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "common/torch/process_group.h"
+#include "common/torch/threads.h"
 #include "services/daemon/student_daemon.h"
 #include "services/student/grpc_teacher_connection.h"
 #include "student/student_commands.h"
@@ -78,8 +79,11 @@ int LaunchLocalRanks(int nproc, int argc, char** argv) {
   }
   std::vector<pid_t> pids;
   for (int rank = 0; rank < nproc; ++rank) {
-    rank_process.env = {absl::StrCat("RANK=", rank), absl::StrCat("LOCAL_RANK=", rank),
-                        absl::StrCat("WORLD_SIZE=", nproc), "MASTER_ADDR=127.0.0.1",
+    rank_process.env = {absl::StrCat("RANK=", rank),
+                        absl::StrCat("LOCAL_RANK=", rank),
+                        absl::StrCat("WORLD_SIZE=", nproc),
+                        absl::StrCat("LOCAL_WORLD_SIZE=", nproc),
+                        "MASTER_ADDR=127.0.0.1",
                         absl::StrCat("MASTER_PORT=", port)};
     absl::StatusOr<SpawnedProcess> child = Spawn(rank_process);
     if (!child.ok()) {
@@ -336,6 +340,7 @@ int main(int argc, char** argv) {
     std::cerr << "specstream-student: unknown --log-level \"" << log_level << "\"\n";
     return 2;
   }
+  SS_LOG_DEBUG("compute threads: {}", ConfigureComputeThreads());
   if (*serve_cmd && check_config) {
     absl::StatusOr<std::string> summary = CheckServeConfig(serve);
     if (!summary.ok()) return ExitCode(summary.status());

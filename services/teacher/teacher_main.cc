@@ -34,6 +34,7 @@
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "common/torch/tensor_util.h"
+#include "common/torch/threads.h"
 #include "common/transport/shm_ring.h"
 #include "services/daemon/registration.h"
 #include "services/teacher/teacher_daemon.h"
@@ -457,6 +458,7 @@ int main(int argc, char** argv) {
     std::cerr << "specstream-teacher: unknown --log-level \"" << log_level << "\"\n";
     return 2;
   }
+  SS_LOG_DEBUG("compute threads: {}", ConfigureComputeThreads());
 
   if (*init_cmd) return ExitCode(WriteRandomCheckpoint(init));
   if (*import_cmd) return ExitCode(specstream::teacher::ImportGguf(import));
