@@ -23,6 +23,9 @@ BUILD_PACKAGES=(
   # loss, iptables NFQUEUE + libnetfilter-queue delay) and the harness's own
   # reachability check (ping).
   iproute2 nftables iptables libnetfilter-queue-dev iputils-ping
+  # teacher_bench's Python eager reference (tests/bench/eager_llama.py): the
+  # PyTorch a user would run, on the same LibTorch 1.13.
+  python3-torch
 )
 # What a container running the binaries needs (deploy/docker/Dockerfile).
 RUNTIME_PACKAGES=(
