@@ -217,6 +217,30 @@ double RelativeError(const torch::Tensor& a, const torch::Tensor& b) {
   return (fa - fb).abs().max().item<double>() / scale;
 }
 
+// Whether a reference forward computed what the runtime did: the same
+// captures to the dtype's rounding (kernels differ) and mostly the same
+// argmax. Prints the errors when `print`, and a FAIL line naming `who` when
+// they are off.
+bool SameAsRuntime(const specstream::teacher::SequenceCapture& runtime, const torch::Tensor& aux,
+                   const torch::Tensor& last, const torch::Tensor& argmax, const char* dtype,
+                   const std::string& who, bool print) {
+  const double tolerance = runtime.aux_hidden.scalar_type() == torch::kFloat32 ? 1e-3 : 5e-2;
+  const double aux_error = RelativeError(runtime.aux_hidden, aux);
+  const double last_error = RelativeError(runtime.last_hidden, last);
+  const double agree = runtime.target_ids.to(torch::kLong)
+                           .eq(argmax.to(torch::kLong))
+                           .to(torch::kFloat32)
+                           .mean()
+                           .item<double>();
+  if (print) {
+    std::printf("%-9s %s: aux rel err %.2e, last rel err %.2e, argmax agree %.3f\n", dtype,
+                who.c_str(), aux_error, last_error, agree);
+  }
+  if (aux_error < tolerance && last_error < tolerance && agree > 0.95) return true;
+  std::printf("teacher_bench: FAIL %s disagrees with the runtime\n", who.c_str());
+  return false;
+}
+
 // What tests/bench/eager_llama.py printed.
 struct PythonEager {
   double compute_s = 0, end_to_end_s = 0;
@@ -344,20 +368,9 @@ bool BenchPythonEager(specstream::teacher::HfRuntime& runtime, const std::string
         std::printf("teacher_bench: FAIL python eager wrote no captures of sequence %d\n", s);
         return false;
       }
-      const double tolerance = torch_dtype == torch::kFloat32 ? 1e-3 : 5e-2;
-      const double aux_error = RelativeError(o.aux_hidden, aux);
-      const double last_error = RelativeError(o.last_hidden, last);
-      const double agree =
-          o.target_ids.to(torch::kLong).eq(argmax).to(torch::kFloat32).mean().item<double>();
-      if (s == 0) {
-        std::printf("%-9s python eager: aux rel err %.2e, last rel err %.2e, argmax agree %.3f\n",
-                    dtype, aux_error, last_error, agree);
-      }
-      if (!(aux_error < tolerance && last_error < tolerance && agree > 0.95)) {
-        std::printf("teacher_bench: FAIL python eager disagrees with the runtime on sequence %d\n",
-                    s);
-        ok = false;
-      }
+      ok = SameAsRuntime(o, aux, last, argmax, dtype,
+                         "python eager (sequence " + std::to_string(s) + ")", s == 0) &&
+           ok;
     }
     if (r > 0) compute = std::min(compute, seconds);
   }
@@ -552,24 +565,9 @@ int main(int argc, char** argv) {
       EagerLlama::Output reference = eager->Forward(request.sequences[0]);
       double e = Seconds(start, Clock::now());
       if (r == 0) {
-        // The reference computes what the runtime does: same captures (to
-        // the dtype's rounding: kernels differ) and mostly the same argmax.
-        const double tolerance = torch_dtype == torch::kFloat32 ? 1e-3 : 5e-2;
-        const double aux_error = RelativeError((*out)[0].aux_hidden, reference.aux);
-        const double last_error = RelativeError((*out)[0].last_hidden, reference.last);
-        const double same_argmax = (*out)[0]
-                                       .target_ids.to(torch::kLong)
-                                       .eq(reference.target_ids)
-                                       .to(torch::kFloat32)
-                                       .mean()
-                                       .item<double>();
-        std::printf(
-            "%-9s eager reference: aux rel err %.2e, last rel err %.2e, argmax agree %.3f\n", dtype,
-            aux_error, last_error, same_argmax);
-        if (!(aux_error < tolerance && last_error < tolerance && same_argmax > 0.95)) {
-          std::printf("teacher_bench: FAIL the eager reference disagrees with the runtime\n");
-          ok = false;
-        }
+        ok = SameAsRuntime((*out)[0], reference.aux, reference.last, reference.target_ids, dtype,
+                           "eager reference", true) &&
+             ok;
       }
       if (r > 0) {
         best = std::min(best, s);
