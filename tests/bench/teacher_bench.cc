@@ -319,8 +319,7 @@ bool BenchPythonEager(specstream::teacher::HfRuntime& runtime, const std::string
   const std::string work = dir + "-python";
   std::filesystem::remove_all(work);
   std::filesystem::create_directories(work + "/out");
-  teacher::ForwardRequest request;
-  request.want_target_ids = true;
+  std::vector<std::vector<int32_t>> all;
   {
     std::ofstream data(work + "/data.jsonl");
     const int64_t vocab = runtime.Describe().vocab_size;
@@ -330,7 +329,7 @@ bool BenchPythonEager(specstream::teacher::HfRuntime& runtime, const std::string
         ids[t] = static_cast<int32_t>((t * 7919 + s * 104729) % vocab);
       }
       data << nlohmann::json{{"input_ids", ids}}.dump() << "\n";
-      request.sequences.push_back(std::move(ids));
+      all.push_back(std::move(ids));
     }
   }
   const std::vector<int> captures = runtime.Describe().capture_layer_ids;
@@ -347,7 +346,7 @@ bool BenchPythonEager(specstream::teacher::HfRuntime& runtime, const std::string
     for (int s = 0; s < sequences; ++s) {
       teacher::ForwardRequest one;
       one.want_target_ids = true;
-      one.sequences = {request.sequences[s]};
+      one.sequences = {all[s]};
       const auto forward_start = Clock::now();
       auto out = runtime.Forward(one);
       seconds += Seconds(forward_start, Clock::now());
