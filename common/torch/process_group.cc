@@ -9,13 +9,18 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/exit_code.h"
 #include "common/host.h"
 #include "common/logging.h"
 #include "common/net_address.h"
@@ -89,6 +94,57 @@ absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
   if (!v6.empty()) return v6;
   return absl::InvalidArgumentError(absl::StrCat(
       "GLOO_SOCKET_IFNAME: this host has no interface \"", name, "\" with an address"));
+}
+
+// LibTorch 1.13's TCPStore client runs a watch thread that throws
+// std::system_error when the store's connection is reset (rank 0's process,
+// which serves the store, killed with bytes unread). Thrown on that thread,
+// it ends the process through std::terminate with only "Connection reset by
+// peer", racing the main thread's own named error. The handler below names
+// the store instead and exits with UNAVAILABLE's code; any other uncaught
+// exception goes on to the handler it replaced.
+struct StoreWatchGuard {
+  std::mutex mu;
+  std::string where;  // "rendezvous at <address>" of the latest client store
+  std::terminate_handler previous = nullptr;
+};
+
+StoreWatchGuard& Guard() {
+  static StoreWatchGuard* guard = new StoreWatchGuard;
+  return *guard;
+}
+
+[[noreturn]] void OnTerminate() {
+  StoreWatchGuard& guard = Guard();
+  if (std::exception_ptr thrown = std::current_exception()) {
+    try {
+      std::rethrow_exception(thrown);
+    } catch (const std::system_error& error) {
+      std::string where;
+      {
+        std::lock_guard<std::mutex> lock(guard.mu);
+        where = guard.where;
+      }
+      if (!where.empty()) {
+        Logger()->error(
+            "{}: lost the connection to the store ({}); rank 0's process, which serves it, "
+            "has gone",
+            where, error.what());
+        Logger()->flush();
+        std::_Exit(ExitCodeFor(absl::UnavailableError(where)));
+      }
+    } catch (...) {
+    }
+  }
+  if (guard.previous != nullptr) guard.previous();
+  std::abort();
+}
+
+void GuardStoreWatchThread(const RendezvousOptions& options) {
+  StoreWatchGuard& guard = Guard();
+  std::lock_guard<std::mutex> lock(guard.mu);
+  guard.where = absl::StrCat("rendezvous at ", StoreAddress(options));
+  if (std::get_terminate() != &OnTerminate) guard.previous = std::set_terminate(&OnTerminate);
 }
 
 // Tells the other ranks why this one cannot join (best effort: the store
@@ -266,6 +322,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> CreateTcpStore(const RendezvousO
         store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
       });
   if (!status.ok()) return absl::UnavailableError(status.message());
+  if (options.rank != 0) GuardStoreWatchThread(options);
   store->setTimeout(options.timeout);
   if (bound_port != nullptr) *bound_port = store->getPort();
   return c10::intrusive_ptr<c10d::Store>(store);
@@ -326,8 +383,8 @@ absl::StatusOr<ProcessGroupHandle> CreateGlooGroup(const RendezvousOptions& opti
       }
       return absl::UnavailableError(failure);
     }
-    spdlog::warn("Gloo connect attempt {} of {} failed ({}); every rank retries", attempt,
-                 kGlooConnectAttempts, failure);
+    Logger()->warn("Gloo connect attempt {} of {} failed ({}); every rank retries", attempt,
+                   kGlooConnectAttempts, failure);
   }
 }
 
