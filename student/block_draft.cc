@@ -12,6 +12,7 @@
 #include "common/torch/tensor_util.h"
 #include "student/block_attention.h"
 #include "student/context_parallel.h"
+#include "student/step_rng.h"
 
 namespace specstream::student {
 namespace {
@@ -70,26 +71,6 @@ VocabTerms VocabLoss(torch::Tensor logits, torch::Tensor teacher_logits, const t
   out.term = ce * cross_entropy + l1 * out.l1;
   out.logits_grad = g;
   return out;
-}
-
-// SplitMix64: the key of a sample's anchor stream from (seed, step, sample).
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Uniform in [0, n) by rejection (no modulo bias; std's distributions are
-// implementation-defined, this is the same everywhere).
-uint64_t UniformBelow(std::mt19937_64& rng, uint64_t n) {
-  const uint64_t limit =
-      std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % n;
-  uint64_t x;
-  do {
-    x = rng();
-  } while (x >= limit);
-  return x % n;
 }
 
 }  // namespace
@@ -199,17 +180,9 @@ BlockAnchors SampleBlockAnchors(const DraftBatch& batch, const std::vector<int64
     for (int64_t i = 0; i + 1 < len; ++i) {
       if (m[i] != 0 && m[i + 1] != 0) candidates.push_back(i);
     }
-    const int64_t n = std::min<int64_t>(num_anchors, static_cast<int64_t>(candidates.size()));
-    std::mt19937_64 rng(Mix(Mix(Mix(seed) ^ static_cast<uint64_t>(step)) ^
-                            static_cast<uint64_t>(sample_keys[row])));
-    // Partial Fisher-Yates: the first n entries are a uniform subset.
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t j =
-          i + static_cast<int64_t>(UniformBelow(rng, static_cast<uint64_t>(candidates.size() - i)));
-      std::swap(candidates[i], candidates[j]);
-    }
-    candidates.resize(n);
-    std::sort(candidates.begin(), candidates.end());
+    std::mt19937_64 rng = StepRng(seed, step, sample_keys[row]);
+    candidates = UniformSubset(std::move(candidates), num_anchors, rng);
+    const int64_t n = static_cast<int64_t>(candidates.size());
     width = std::max(width, n);
     chosen[row] = std::move(candidates);
   }

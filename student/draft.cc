@@ -78,6 +78,7 @@ void TakeTargetPositions(const HfModelConfig& target, DraftShape* shape) {
 const std::vector<DraftType>& DraftTypes() {
   static const std::vector<DraftType>* types = new std::vector<DraftType>{
       Eagle3DraftType(),
+      PeagleDraftType(),
       BlockDraftType(BlockDraftKind::kDFlash),
       BlockDraftType(BlockDraftKind::kDSpark),
   };

@@ -100,6 +100,9 @@ class TrainableDraft {
   // whether the whole token ids and loss mask (block drafts).
   virtual int64_t halo_rows() const = 0;
   virtual bool reads_whole_token_ids() const = 0;
+  // Whether Plan reads each sample's whole loss mask (P-EAGLE's COD plan):
+  // under CP the trainer then fills DraftBatch::whole_loss_mask.
+  virtual bool plans_on_whole_loss_mask() const { return false; }
 
   // The steps of a training run: see the file comment. `batch` is on the
   // host for Plan and on device() for the others; under CP it is this

@@ -152,6 +152,18 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Create(
     }
   }
   if (options.norm_before_fc) draft->Add(kNormBeforeFcTensor, torch::ones({s.num_captures * Ht}));
+  if (options.parallel_drafting) {
+    if (options.mask_token_id < 0 || options.mask_token_id >= V) {
+      return absl::InvalidArgumentError(absl::StrCat("model.draft.mask_token_id ",
+                                                     options.mask_token_id,
+                                                     " is not a row of the target's embedding "
+                                                     "table [0, ",
+                                                     V, ")"));
+    }
+    // A stand-in for the captures, so of their scale: N(0, 1).
+    draft->Add(kMaskHiddenTensor, at::normal(0.0, 1.0, {1, 1, s.num_captures * Ht}, gen,
+                                             torch::TensorOptions().dtype(torch::kFloat32)));
+  }
   for (auto& [name, p] : draft->params_) {
     p = p.detach().to(device).set_requires_grad(true);
   }
@@ -202,23 +214,52 @@ torch::Tensor Eagle3Draft::InDraftVocab(const DraftBatch& batch) const {
   return t2d_.index({TeacherArgmax(batch)});
 }
 
-torch::Tensor Eagle3Draft::ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab,
-                                     int k) const {
-  return Eagle3ValidMask(batch.lengths, batch.offset, batch.loss_mask, in_vocab, k,
-                         batch.aux_hidden.size(1));
+torch::Tensor Eagle3Draft::ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab, int k,
+                                     const torch::Tensor& keep) const {
+  torch::Tensor valid = Eagle3ValidMask(batch.lengths, batch.offset, batch.loss_mask, in_vocab, k,
+                                        batch.aux_hidden.size(1));
+  if (options_.parallel_drafting && k > 0) valid = valid.logical_and(keep[k]);
+  return valid;
 }
 
-torch::Tensor Eagle3Draft::CountValid(const DraftBatch& batch, int ttt_steps) const {
+torch::Tensor Eagle3Draft::CountValid(const DraftBatch& batch, int ttt_steps,
+                                      const torch::Tensor& keep) const {
   torch::NoGradGuard no_grad;
-  return Eagle3ValidCounts(batch.lengths, batch.offset, batch.loss_mask, InDraftVocab(batch),
-                           ttt_steps, batch.aux_hidden.size(1));
+  TORCH_CHECK(!options_.parallel_drafting || ttt_steps == 1 || keep.defined(),
+              "a P-EAGLE draft counts its trained rows from a COD plan");
+  if (!options_.parallel_drafting) {
+    return Eagle3ValidCounts(batch.lengths, batch.offset, batch.loss_mask, InDraftVocab(batch),
+                             ttt_steps, batch.aux_hidden.size(1));
+  }
+  const torch::Tensor in_vocab = InDraftVocab(batch);
+  std::vector<torch::Tensor> counts;
+  for (int k = 0; k < ttt_steps; ++k) {
+    counts.push_back(ValidMask(batch, in_vocab, k, keep).sum().to(torch::kInt64));
+  }
+  return torch::stack(counts);
+}
+
+torch::Tensor Eagle3Draft::MaskEmbedding(torch::Dtype cd) const {
+  return embed_.narrow(0, options_.mask_token_id, 1).to(cd);
+}
+
+torch::Tensor Eagle3Draft::MaskHidden(torch::Dtype cd) {
+  return FcInput(parameter(kMaskHiddenTensor).view({1, -1}), cd);
 }
 
 absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt_steps,
                                                 const torch::Tensor& valid_denominators,
-                                                torch::Dtype cd, const DraftParallel& parallel) {
+                                                torch::Dtype cd, const DraftParallel& parallel,
+                                                const torch::Tensor& keep) {
   if (valid_denominators.dim() != 1 || valid_denominators.size(0) != ttt_steps) {
     return absl::InvalidArgumentError("one valid-position denominator per TTT step is required");
+  }
+  const bool parallel_drafting = options_.parallel_drafting;
+  if (parallel_drafting && ttt_steps > 1 &&
+      (!keep.defined() || keep.dim() != 3 || keep.size(0) != ttt_steps ||
+       keep.size(1) != batch.aux_hidden.size(0) || keep.size(2) != batch.aux_hidden.size(1))) {
+    return absl::InvalidArgumentError(
+        "a P-EAGLE forward needs its COD plan: keep [K, B, T] over the batch's own rows");
   }
   proposal_cache_ = {};  // training may change the weights the cache was made with
   TttOutputs out;
@@ -267,17 +308,32 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
     std::vector<torch::Tensor> diag_k, diag_v;
     TttAttentionOptions attention;
     attention.scale = 1.0 / std::sqrt(static_cast<double>(D));
-    // Step k's loss weighs kTttLossDecay^k / max(1, global valid count at k), the
-    // division in float64 on the device (no count is read back).
-    const torch::Tensor denominators = valid_denominators.clamp_min(1).to(torch::kFloat64);
+    // Step k's loss weighs kTttLossDecay^k / max(1, global valid count at k)
+    // (P-EAGLE: 1 / max(1, the count over every depth)), the division in
+    // float64 on the device (no count is read back).
+    const torch::Tensor denominators =
+        parallel_drafting
+            ? valid_denominators.sum().clamp_min(1).to(torch::kFloat64).expand({ttt_steps})
+            : valid_denominators.clamp_min(1).to(torch::kFloat64);
+    torch::Tensor mask_embed, mask_hidden;
+    if (parallel_drafting) {
+      mask_embed = MaskEmbedding(cd).view({1, 1, -1}).expand({b, t, -1});
+      mask_hidden = MaskHidden(cd).view({1, 1, -1}).expand({b, t, -1});
+    }
     torch::Tensor weighted = torch::zeros({}, h.options().dtype(torch::kFloat32));
     const torch::Tensor none = torch::zeros({}, valid_denominators.options());
     std::vector<torch::Tensor> loss_sums, corrects, valids;
     double decay = 1.0;
 
     for (int k = 0; k < ttt_steps; ++k) {
-      torch::Tensor ids = Ahead(batch.input_ids, k + 1, t);
-      torch::Tensor embeds = embed_.index_select(0, ids.reshape({-1})).view({b, t, -1}).to(cd);
+      torch::Tensor embeds;
+      if (parallel_drafting && k > 0) {
+        embeds = mask_embed;
+        h = mask_hidden;
+      } else {
+        torch::Tensor ids = Ahead(batch.input_ids, k + 1, t);
+        embeds = embed_.index_select(0, ids.reshape({-1})).view({b, t, -1}).to(cd);
+      }
       torch::Tensor x =
           torch::cat({nn::RmsNorm(embeds, in_ln, eps), nn::RmsNorm(h, hid_ln, eps)}, -1);
       torch::Tensor q = torch::linear(x, q_w).view({b, t, A, D}).transpose(1, 2);
@@ -331,13 +387,14 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
       // up to rows+k+1, lie within the halo.
       const int64_t rows = std::clamp<int64_t>(longest - batch.offset - k - 1, 0, t);
       if (rows > 0) {
-        torch::Tensor valid = ValidMask(batch, in_vocab, k).narrow(1, 0, rows);
+        torch::Tensor valid = ValidMask(batch, in_vocab, k, keep).narrow(1, 0, rows);
         SoftCrossEntropyResult ce =
             FusedSoftCrossEntropy(nn::RmsNorm(h_next, norm, eps).narrow(1, 0, rows), head,
                                   teacher_logp.narrow(1, k + 1, rows),
                                   teacher_argmax.narrow(1, k + 1, rows), valid.to(torch::kFloat32));
         const torch::Tensor scale =
-            torch::full({}, decay, denominators.options()) / denominators[k];
+            torch::full({}, parallel_drafting ? 1.0 : decay, denominators.options()) /
+            denominators[k];
         weighted = weighted + ce.loss * scale.to(torch::kFloat32);
         corrects.push_back(ce.correct);
         valids.push_back(valid.sum());
@@ -400,6 +457,7 @@ absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::
     const torch::Tensor v_w = P("midlayer.self_attn.v_proj.weight");
     const torch::Tensor in_ln = P("midlayer.input_layernorm.weight");
     const torch::Tensor hid_ln = P("midlayer.hidden_norm.weight");
+    const torch::Tensor norm = P("norm.weight");
     const torch::Tensor used =
         torch::tensor(vocab_map_.d2t, torch::kInt64).to(device()) +
         torch::arange(s.draft_vocab_size,
@@ -407,6 +465,37 @@ absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::
     const torch::Tensor pos = torch::arange(0, rows + max_tokens, used.options());
     auto [cos_all, sin_all] = rotary_->CosSin(pos, f32);
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    // The layer's input of rows at positions [first, first + m): [m, 2H].
+    auto layer_input = [&](const torch::Tensor& embeds, const torch::Tensor& hidden) {
+      return torch::cat({nn::RmsNorm(embeds.to(f32), in_ln, eps), nn::RmsNorm(hidden, hid_ln, eps)},
+                        -1);
+    };
+    auto heads = [&](const torch::Tensor& x, const torch::Tensor& w, int64_t count, int64_t first,
+                     bool rotate) {
+      const int64_t m = x.size(0);
+      torch::Tensor y = torch::linear(x, w).view({m, count, D}).transpose(0, 1);
+      return rotate ? nn::ApplyRotary(y, cos_all.narrow(0, first, m), sin_all.narrow(0, first, m))
+                    : y;
+    };
+    // Attention outputs [m, A·D] -> the layer's outputs [m, H] and their
+    // logits over the target vocab [m, V] (-inf outside the draft vocab).
+    auto finish = [&](const torch::Tensor& attn, const torch::Tensor& h_prev,
+                      torch::Tensor* h_next) {
+      torch::Tensor h_out = h_prev + torch::linear(attn, P("midlayer.self_attn.o_proj.weight"));
+      h_out = h_out +
+              nn::SwiGluMlp(nn::RmsNorm(h_out, P("midlayer.post_attention_layernorm.weight"), eps),
+                            P("midlayer.mlp.gate_proj.weight"), P("midlayer.mlp.up_proj.weight"),
+                            P("midlayer.mlp.down_proj.weight"));
+      *h_next = h_out;
+      torch::Tensor draft_logits =
+          torch::linear(nn::RmsNorm(h_out, norm, eps), P("lm_head.weight"));
+      torch::Tensor logits =
+          torch::full({h_out.size(0), s.target_vocab_size}, -std::numeric_limits<float>::infinity(),
+                      draft_logits.options());
+      logits.index_copy_(1, used, draft_logits);
+      return logits;
+    };
+
     // Step 0: every row's keys and values, the last row's query. Rows whose
     // ids and captures are unchanged since the last proposal (the committed
     // prefix of a decode) keep their keys from then: only the new rows run.
@@ -415,58 +504,71 @@ absl::Status Eagle3Draft::Propose(const std::vector<int32_t>& ids, const torch::
     std::vector<int64_t> next_ids(ids.begin() + 1 + cached, ids.end());
     const torch::Tensor aux_rows = aux.to(device(), f32);
     const torch::Tensor h = FcInput(aux_rows.narrow(0, cached, fresh), f32);  // [fresh, H]
-    torch::Tensor token_embed = embed_.index_select(0, torch::tensor(next_ids, used.options()));
-    torch::Tensor keys, values;  // [KV, rows + k, D]
-    torch::Tensor h_row;         // [1, H]: the last row's hidden state
-    for (int64_t k = 0; k < max_tokens; ++k) {
-      // Step 0 covers the new rows; later steps only the last one, at
-      // position r + k.
-      torch::Tensor x = torch::cat({nn::RmsNorm(token_embed.to(f32), in_ln, eps),
-                                    nn::RmsNorm(k == 0 ? h : h_row, hid_ln, eps)},
-                                   -1);
-      const int64_t m = x.size(0);
-      const int64_t first = k == 0 ? cached : r + k;  // position of x's first row
-      torch::Tensor cos = cos_all.narrow(0, first, m), sin = sin_all.narrow(0, first, m);
-      torch::Tensor kk = nn::ApplyRotary(
-          torch::linear(x, k_w).view({m, KV, D}).transpose(0, 1), cos, sin);
-      torch::Tensor vv = torch::linear(x, v_w).view({m, KV, D}).transpose(0, 1);
-      if (k == 0) {
-        keys = cached > 0 ? torch::cat({proposal_cache_.keys.narrow(1, 0, cached), kk}, 1) : kk;
-        values =
-            cached > 0 ? torch::cat({proposal_cache_.values.narrow(1, 0, cached), vv}, 1) : vv;
-        proposal_cache_.ids = ids;
-        proposal_cache_.aux = aux_rows;
-        proposal_cache_.keys = keys;
-        proposal_cache_.values = values;
-        proposal_cache_.rows = rows;
-      } else {
-        keys = torch::cat({keys, kk}, 1);
-        values = torch::cat({values, vv}, 1);
+    const torch::Tensor x0 =
+        layer_input(embed_.index_select(0, torch::tensor(next_ids, used.options())), h);
+    torch::Tensor kk = heads(x0, k_w, KV, cached, true);
+    torch::Tensor vv = heads(x0, v_w, KV, cached, false);
+    torch::Tensor keys = cached > 0 ? torch::cat({proposal_cache_.keys.narrow(1, 0, cached), kk}, 1)
+                                    : kk;  // [KV, rows, D]
+    torch::Tensor values =
+        cached > 0 ? torch::cat({proposal_cache_.values.narrow(1, 0, cached), vv}, 1) : vv;
+    proposal_cache_.ids = ids;
+    proposal_cache_.aux = aux_rows;
+    proposal_cache_.keys = keys;
+    proposal_cache_.values = values;
+    proposal_cache_.rows = rows;
+    const torch::Tensor q0 = heads(x0.narrow(0, fresh - 1, 1), q_w, A, r, true);  // [A, 1, D]
+    const torch::Tensor h0 = h.narrow(0, fresh - 1, 1);
+
+    if (options_.parallel_drafting && max_tokens > 0) {
+      // Depths 1..m at positions r+1..r+m, all from the mask token and
+      // fc(mask_hidden); depth j attends to every row's step-0 keys and to
+      // depths 1..j.
+      const int64_t m = max_tokens - 1;
+      torch::Tensor q = q0, h_prev = h0;
+      if (m > 0) {
+        const torch::Tensor mask_h = MaskHidden(f32).expand({m, -1});
+        const torch::Tensor xm = layer_input(MaskEmbedding(f32).expand({m, -1}), mask_h);
+        q = torch::cat({q0, heads(xm, q_w, A, r + 1, true)}, 1);
+        keys = torch::cat({keys, heads(xm, k_w, KV, r + 1, true)}, 1);
+        values = torch::cat({values, heads(xm, v_w, KV, r + 1, false)}, 1);
+        h_prev = torch::cat({h0, mask_h}, 0);
       }
-      // The last row's query: [A, 1, D].
-      torch::Tensor q = nn::ApplyRotary(
-          torch::linear(x.narrow(0, m - 1, 1), q_w).view({1, A, D}).transpose(0, 1),
-          cos.narrow(0, m - 1, 1), sin.narrow(0, m - 1, 1));
+      // Query j (depth j) sees key rows + i (depth i + 1) only for i < j.
+      const torch::Tensor depth = torch::arange(m + 1, used.options()).unsqueeze(1);
+      const torch::Tensor key_depth =
+          (torch::arange(rows + m, used.options()) - rows + 1).clamp_min(0).unsqueeze(0);
+      const torch::Tensor hidden = key_depth.gt(depth);  // [m + 1, rows + m]
+      torch::Tensor scores =
+          torch::matmul(q.reshape({KV, group, m + 1, D}), keys.unsqueeze(1).transpose(2, 3))
+              .mul_(scale)
+              .masked_fill_(hidden, -std::numeric_limits<float>::infinity());
+      torch::Tensor a = torch::matmul(torch::softmax(scores, -1), values.unsqueeze(1));
+      a = a.permute({2, 0, 1, 3}).reshape({m + 1, A * D});  // [depths, A·D]
+      torch::Tensor h_next;
+      const torch::Tensor logits = finish(a, h_prev, &h_next).cpu();
+      for (int64_t j = 0; j <= m; ++j) tokens->push_back(chooser.Choose(logits[j]));
+      return;
+    }
+
+    torch::Tensor q = q0, h_row = h0;
+    for (int64_t k = 0; k < max_tokens; ++k) {
+      if (k > 0) {
+        // Step k: the last row only, at position r + k.
+        const torch::Tensor x = layer_input(
+            embed_.index_select(
+                0, torch::tensor({static_cast<int64_t>(tokens->back())}, used.options())),
+            h_row);
+        q = heads(x, q_w, A, r + k, true);
+        keys = torch::cat({keys, heads(x, k_w, KV, r + k, true)}, 1);
+        values = torch::cat({values, heads(x, v_w, KV, r + k, false)}, 1);
+      }
       torch::Tensor scores =
           torch::matmul(q.reshape({KV, group, D}), keys.transpose(1, 2)).mul_(scale);
       torch::Tensor a = torch::matmul(torch::softmax(scores, -1), values);  // [KV, group, D]
-      a = torch::linear(a.reshape({1, A * D}), P("midlayer.self_attn.o_proj.weight"));
-      torch::Tensor h_prev = k == 0 ? h.narrow(0, fresh - 1, 1) : h_row;
-      torch::Tensor h_next = h_prev + a;
-      h_next = h_next + nn::SwiGluMlp(
-                            nn::RmsNorm(h_next, P("midlayer.post_attention_layernorm.weight"), eps),
-                            P("midlayer.mlp.gate_proj.weight"), P("midlayer.mlp.up_proj.weight"),
-                            P("midlayer.mlp.down_proj.weight"));
-      const torch::Tensor norm = P("norm.weight");
-      torch::Tensor draft_logits =
-          torch::linear(nn::RmsNorm(h_next, norm, eps), P("lm_head.weight"))[0];
-      torch::Tensor logits = torch::full(
-          {s.target_vocab_size}, -std::numeric_limits<float>::infinity(), draft_logits.options());
-      logits.index_copy_(0, used, draft_logits);
-      const int32_t token = chooser.Choose(logits.cpu());
-      tokens->push_back(token);
-      token_embed =
-          embed_.index_select(0, torch::tensor({static_cast<int64_t>(token)}, used.options()));
+      torch::Tensor h_next;
+      const torch::Tensor logits = finish(a.reshape({1, A * D}), h_row, &h_next);
+      tokens->push_back(chooser.Choose(logits[0].cpu()));
       h_row = NextHidden(h_next, norm);
     }
   });

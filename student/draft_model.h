@@ -69,10 +69,22 @@ DraftShape TargetDraftShape(const HfModelConfig& target, int64_t captures);
 //   norm_output: the next TTT step takes the post-norm hidden state
 //     norm(h) as its hidden input (and residual) instead of the raw layer
 //     output h; the lm_head reads norm(h) either way. No new parameters.
+//
+// P-EAGLE (parallel drafting, docs/peagle.md) on top of either: TTT steps
+// ("depths") k >= 1 read the mask token's embedding and fc(mask_hidden), a
+// learnable [1, 1, C·Ht] stand-in for the captures, instead of the next
+// token and the previous step's hidden state. Every depth's input is then
+// known up front, so one forward proposes all K tokens. Training keeps, at
+// depth k >= 1, only the rows a COD plan draws (student/cod_sampling.h),
+// and the loss is the soft cross-entropy summed over every trained
+// (row, depth) divided by their count (no per-step decay).
 struct Eagle3Options {
   bool fc_norm = false;
   bool norm_output = false;
   bool norm_before_fc = false;
+  bool parallel_drafting = false;
+  int64_t mask_token_id = 0;  // a row of the target's embedding table
+  // EAGLE 3.1's flags (P-EAGLE is its own draft type).
   bool any() const { return fc_norm || norm_output || norm_before_fc; }
 };
 
@@ -98,6 +110,10 @@ struct DraftBatch {
   torch::Tensor lengths;              // [B] int64: each sample's whole (global) length
   std::vector<int64_t> host_lengths;  // the same B lengths
   int64_t offset = 0;                 // global position of row 0
+  // Under CP, for a draft that plans on whole samples
+  // (TrainableDraft::plans_on_whole_loss_mask): [B, cp·T] uint8 on the
+  // host, each sample's whole loss mask. Undefined otherwise.
+  torch::Tensor whole_loss_mask;
 };
 
 // Context parallelism for Forward (student/context_parallel.h): the groups
@@ -150,16 +166,22 @@ class Eagle3Draft final {
   // context parallelism `batch` is this rank's shard with a halo of >=
   // ttt_steps rows and `parallel` names the groups; outputs cover the
   // shard's own rows. Reads nothing back from the device.
+  // P-EAGLE: `keep` (bool [K, B, T] over the batch's own rows, on its
+  // device) says which rows train at each depth k >= 1 (row k = 0 is not
+  // read); valid_denominators then holds the global count of trained rows
+  // per depth, and the loss divides by their sum.
   absl::StatusOr<TttOutputs> Forward(const DraftBatch& batch, int ttt_steps,
                                      const torch::Tensor& valid_denominators,
-                                     torch::Dtype compute_dtype,
-                                     const DraftParallel& parallel = {});
+                                     torch::Dtype compute_dtype, const DraftParallel& parallel = {},
+                                     const torch::Tensor& keep = {});
 
   // Valid-position counts per step over the batch's own rows (the
   // denominators before the all-reduce), int64 [K] on the batch's device:
   // global position p is valid at step k iff p+k+1 < len, loss_mask[p+k] = 1
-  // and the full-vocab argmax at p+k+1 is in the draft vocab.
-  torch::Tensor CountValid(const DraftBatch& batch, int ttt_steps) const;
+  // and the full-vocab argmax at p+k+1 is in the draft vocab (and, for
+  // P-EAGLE at k >= 1, `keep` holds it).
+  torch::Tensor CountValid(const DraftBatch& batch, int ttt_steps,
+                           const torch::Tensor& keep = {}) const;
 
   // Inference (speculative decoding): the chain of up to `max_tokens`
   // tokens after the committed `ids` (n >= 2 tokens, the last not yet run by
@@ -172,6 +194,10 @@ class Eagle3Draft final {
   // values of the rows a call shares with the previous one (same ids, same
   // captures: a decode's committed prefix) are kept between calls, so a
   // round runs the draft on its new rows only; Forward drops them.
+  // P-EAGLE: the steps after 0 read the mask token and fc(mask_hidden) at
+  // positions r+1, r+2, ... and attend to step 0's keys and to each other
+  // (earlier-or-equal depths), so one forward gives every step's logits;
+  // `chooser` then picks the tokens in order.
   absl::Status Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
                        int64_t max_tokens, spec::TokenChooser& chooser,
                        std::vector<int32_t>* tokens);
@@ -202,8 +228,14 @@ class Eagle3Draft final {
   // How many leading rows of the last proposal's step-0 keys still hold for
   // these ids and captures.
   int64_t CachedProposalRows(const std::vector<int32_t>& ids, const torch::Tensor& aux) const;
-  // valid[k] over the batch's own rows as a [B, T] bool mask.
-  torch::Tensor ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab, int k) const;
+  // valid[k] over the batch's own rows as a [B, T] bool mask (ANDed with
+  // keep[k] for a P-EAGLE depth k >= 1).
+  torch::Tensor ValidMask(const DraftBatch& batch, const torch::Tensor& in_vocab, int k,
+                          const torch::Tensor& keep) const;
+  // P-EAGLE's inputs at depths >= 1: the mask token's embedding [1, Ht]
+  // and fc(mask_hidden) [1, H], in `cd`.
+  torch::Tensor MaskEmbedding(torch::Dtype cd) const;
+  torch::Tensor MaskHidden(torch::Dtype cd);
 
   DraftShape shape_;
   Eagle3Options options_;

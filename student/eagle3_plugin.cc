@@ -1,14 +1,17 @@
 #include "student/eagle3_plugin.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/block_draft.h"
 #include "common/hf_config.h"
 #include "common/jobspec/job_spec.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
+#include "student/cod_sampling.h"
 #include "student/metrics_sink.h"
 #include "student/student_commands.h"
 #include "student/trainer.h"
@@ -17,11 +20,17 @@ namespace specstream::student {
 namespace {
 
 constexpr const char* kEagle3 = jobspec::kDraftTypeEagle3;
+constexpr const char* kPeagle = jobspec::kDraftTypePeagle;
 constexpr int kDefaultTttSteps = 7;
 
 nlohmann::json OptionsJson(const Eagle3Options& o) {
-  return {{"fc_norm", o.fc_norm}, {"norm_output", o.norm_output},
-          {"norm_before_fc", o.norm_before_fc}};
+  nlohmann::json j = {
+      {"fc_norm", o.fc_norm}, {"norm_output", o.norm_output}, {"norm_before_fc", o.norm_before_fc}};
+  if (o.parallel_drafting) {
+    j["parallel_drafting"] = true;
+    j["mask_token_id"] = o.mask_token_id;
+  }
+  return j;
 }
 
 Eagle3Options OptionsFromJson(const nlohmann::json& j) {
@@ -30,7 +39,22 @@ Eagle3Options OptionsFromJson(const nlohmann::json& j) {
   o.fc_norm = j.value("fc_norm", false);
   o.norm_output = j.value("norm_output", false);
   o.norm_before_fc = j.value("norm_before_fc", false);
+  o.parallel_drafting = j.value("parallel_drafting", false);
+  o.mask_token_id = j.value("mask_token_id", int64_t{0});
   return o;
+}
+
+// P-EAGLE's COD shares, as a checkpoint's state records them.
+nlohmann::json CodJson(const CodOptions& cod) {
+  return {{"down_sample_ratio", cod.ratio}, {"down_sample_ratio_min", cod.ratio_min}};
+}
+CodOptions CodFromJson(const nlohmann::json& j, int64_t depths) {
+  CodOptions cod;
+  cod.depths = depths;
+  if (!j.is_object()) return cod;
+  cod.ratio = j.value("down_sample_ratio", cod.ratio);
+  cod.ratio_min = j.value("down_sample_ratio_min", cod.ratio_min);
+  return cod;
 }
 
 // Builds the vocab map from the masked tokens of every sample in the source
@@ -47,26 +71,43 @@ absl::StatusOr<VocabMap> BuildMapFromSource(SampleSource& source, int64_t target
   return BuildVocabMap(counter, draft_vocab);
 }
 
-// EAGLE-3 plans nothing on the host.
+// EAGLE-3 plans nothing on the host; P-EAGLE the rows each depth trains.
 class NoPlan final : public StepPlan {};
+class CodPlan final : public StepPlan {
+ public:
+  explicit CodPlan(torch::Tensor keep) : keep(std::move(keep)) {}
+  torch::Tensor keep;  // bool [K, B, whole T] on the host (CodSample)
+};
 
 class Eagle3Plugin final : public TrainableDraft {
  public:
+  // `cod`: P-EAGLE's (a draft with parallel_drafting); its depths are
+  // `ttt_steps`.
   Eagle3Plugin(std::unique_ptr<Eagle3Draft> draft, int ttt_steps, std::vector<int> captures,
-               std::string target_dir)
+               std::string target_dir, CodOptions cod = {})
       : draft_(std::move(draft)),
         ttt_steps_(ttt_steps),
         captures_(std::move(captures)),
-        target_dir_(std::move(target_dir)) {}
+        target_dir_(std::move(target_dir)),
+        cod_(cod) {
+    cod_.depths = ttt_steps_;
+  }
 
   Eagle3Draft& eagle3() { return *draft_; }
 
   const std::string& type() const override {
-    static const std::string* name = new std::string(kEagle3);
-    return *name;
+    static const std::string* eagle3 = new std::string(kEagle3);
+    static const std::string* peagle = new std::string(kPeagle);
+    return parallel() ? *peagle : *eagle3;
   }
   std::string Describe() const override {
     const Eagle3Options& o = draft_->options();
+    if (parallel()) {
+      return absl::StrCat("P-EAGLE draft, draft vocab ", draft_->shape().draft_vocab_size,
+                          ", K=", ttt_steps_, " depths in one forward, COD ", cod_.ratio, " (min ",
+                          cod_.ratio_min, "), mask token ", o.mask_token_id, ", captures [",
+                          absl::StrJoin(captures_, ", "), "]");
+    }
     std::vector<std::string> flags;
     if (o.fc_norm) flags.push_back("fc_norm");
     if (o.norm_output) flags.push_back("norm_output");
@@ -81,26 +122,38 @@ class Eagle3Plugin final : public TrainableDraft {
   torch::Device device() const override { return draft_->device(); }
   int64_t halo_rows() const override { return ttt_steps_; }
   bool reads_whole_token_ids() const override { return false; }
+  bool plans_on_whole_loss_mask() const override { return parallel(); }
 
-  absl::StatusOr<std::unique_ptr<StepPlan>> Plan(const DraftBatch&, const std::vector<int64_t>&,
-                                                 uint64_t, int64_t,
+  absl::StatusOr<std::unique_ptr<StepPlan>> Plan(const DraftBatch& batch,
+                                                 const std::vector<int64_t>& sample_keys,
+                                                 uint64_t seed, int64_t step,
                                                  const CpLayout&) const override {
-    return std::make_unique<NoPlan>();
+    if (!parallel()) return std::make_unique<NoPlan>();
+    torch::Tensor keep;
+    RETURN_IF_ERROR(CatchTorch("COD plan", [&] {
+      const torch::Tensor& mask =
+          batch.whole_loss_mask.defined() ? batch.whole_loss_mask : batch.loss_mask;
+      keep = CodSample(mask, batch.host_lengths, sample_keys, seed, step, cod_);
+    }));
+    return std::make_unique<CodPlan>(std::move(keep));
   }
   absl::StatusOr<torch::Tensor> LossNormaliser(const DraftBatch& batch,
-                                               const StepPlan&) const override {
+                                               const StepPlan& plan) const override {
     torch::Tensor counts;
-    RETURN_IF_ERROR(CatchTorch("loss normaliser",
-                               [&] { counts = draft_->CountValid(batch, ttt_steps_); }));
+    RETURN_IF_ERROR(CatchTorch("loss normaliser", [&] {
+      counts = draft_->CountValid(batch, ttt_steps_, Keep(batch, plan));
+    }));
     return counts;
   }
   absl::StatusOr<bool> Empty(const torch::Tensor&) const override { return false; }
-  absl::StatusOr<DraftStep> Forward(const DraftBatch& batch, const StepPlan&,
+  absl::StatusOr<DraftStep> Forward(const DraftBatch& batch, const StepPlan& plan,
                                     const torch::Tensor& global_normaliser, torch::Dtype dtype,
                                     const CpGroups& groups) override {
     const DraftParallel parallel{groups.ulysses.get(), groups.ring.get()};
+    torch::Tensor keep;
+    RETURN_IF_ERROR(CatchTorch("COD plan", [&] { keep = Keep(batch, plan); }));
     ASSIGN_OR_RETURN(TttOutputs out,
-                     draft_->Forward(batch, ttt_steps_, global_normaliser, dtype, parallel));
+                     draft_->Forward(batch, ttt_steps_, global_normaliser, dtype, parallel, keep));
     DraftStep step;
     step.loss = out.weighted_loss;
     step.sums = {{"loss_sum", out.loss_sum}, {"correct", out.correct}, {"valid", out.valid}};
@@ -114,6 +167,11 @@ class Eagle3Plugin final : public TrainableDraft {
                                             valid.data_ptr<double>(), ttt_steps_);
     DraftMetrics m;
     m.loss = means.loss;
+    if (parallel()) {
+      // What P-EAGLE optimises: the mean over every trained (row, depth).
+      const double rows = valid.sum().item<double>();
+      m.loss = loss.sum().item<double>() / std::max(1.0, rows);
+    }
     m.loss_k = means.loss_k;
     m.acc_k = means.acc_k;
     m.sim_accept_len = means.sim_accept_len;
@@ -127,14 +185,23 @@ class Eagle3Plugin final : public TrainableDraft {
     record.fixed["d2t"] = torch::tensor(map.d2t, torch::kInt64);
     record.fixed["t2d"] =
         torch::tensor(std::vector<int64_t>(map.t2d.begin(), map.t2d.end())).to(torch::kBool);
-    record.state["draft_type"] = kEagle3;
+    record.state["draft_type"] = type();
     record.state["draft_shape"] = DraftShapeJson(draft_->shape());
     record.state["eagle3"] = OptionsJson(draft_->options());
     record.resume_keys = {"draft_type", "eagle3"};
+    if (parallel()) {
+      record.state["peagle"] = CodJson(cod_);
+      record.resume_keys.push_back("peagle");
+    }
     return record;
   }
   absl::Status Export(const HfModelConfig&, const std::string& dir) const override {
     ASSIGN_OR_RETURN(ExportInput in, DraftExportInput(*draft_, target_dir_, captures_));
+    if (parallel()) {
+      in.config.num_depths = ttt_steps_;
+      in.config.down_sample_ratio = cod_.ratio;
+      in.config.down_sample_ratio_min = cod_.ratio_min;
+    }
     return ExportDraft(in, dir);
   }
   absl::StatusOr<std::unique_ptr<TrainableDraft>> Fresh(uint64_t seed) const override {
@@ -142,9 +209,13 @@ class Eagle3Plugin final : public TrainableDraft {
                      Eagle3Draft::Create(draft_->shape(), target_dir_, draft_->vocab_map(), seed,
                                          false, draft_->device(), draft_->options()));
     return std::unique_ptr<TrainableDraft>(
-        new Eagle3Plugin(std::move(fresh), ttt_steps_, captures_, target_dir_));
+        new Eagle3Plugin(std::move(fresh), ttt_steps_, captures_, target_dir_, cod_));
   }
-  int64_t ProposalLength(int64_t chain_length) const override { return chain_length; }
+  // P-EAGLE proposes the K depths it was trained with (more would read
+  // depths it never saw); EAGLE-3 the chain asked for.
+  int64_t ProposalLength(int64_t chain_length) const override {
+    return parallel() ? std::min<int64_t>(chain_length, ttt_steps_) : chain_length;
+  }
   absl::Status Propose(const std::vector<int32_t>& ids, const torch::Tensor& aux,
                        int64_t max_tokens, spec::TokenChooser& chooser,
                        std::vector<int32_t>* tokens) override {
@@ -152,10 +223,20 @@ class Eagle3Plugin final : public TrainableDraft {
   }
 
  private:
+  bool parallel() const { return draft_->options().parallel_drafting; }
+  // P-EAGLE: the plan's rows of this batch's own rows, on its device;
+  // undefined for EAGLE-3.
+  torch::Tensor Keep(const DraftBatch& batch, const StepPlan& plan) const {
+    if (!parallel()) return {};
+    const torch::Tensor& whole = static_cast<const CodPlan&>(plan).keep;
+    return whole.narrow(2, batch.offset, batch.aux_hidden.size(1)).to(batch.lengths.device());
+  }
+
   std::unique_ptr<Eagle3Draft> draft_;
   int ttt_steps_;
   std::vector<int> captures_;
   std::string target_dir_;
+  CodOptions cod_;
 };
 
 absl::Status Configure(const v1::DraftSpec& draft, TrainerConfig* c) {
@@ -164,6 +245,14 @@ absl::Status Configure(const v1::DraftSpec& draft, TrainerConfig* c) {
   c->eagle3.fc_norm = draft.fc_norm();
   c->eagle3.norm_output = draft.norm_output();
   c->eagle3.norm_before_fc = draft.norm_before_fc();
+  c->eagle3.parallel_drafting = draft.type() == kPeagle;
+  if (c->eagle3.parallel_drafting) {
+    if (draft.has_mask_token_id()) c->mask_token_id = draft.mask_token_id();
+    if (draft.has_down_sample_ratio()) c->down_sample_ratio = draft.down_sample_ratio();
+    if (draft.has_down_sample_ratio_min()) {
+      c->down_sample_ratio_min = draft.down_sample_ratio_min();
+    }
+  }
   return ValidateEagle3Options(c->eagle3);
 }
 
@@ -202,11 +291,19 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> CreateEagle3(const DraftContext&
   shape.draft_vocab_size = map.draft_vocab();
   RETURN_IF_ERROR(
       ValidateCpLayout(ctx.layout, shape.num_attention_heads, shape.num_key_value_heads));
+  Eagle3Options options = c.eagle3;
+  CodOptions cod;
+  if (options.parallel_drafting) {
+    ASSIGN_OR_RETURN(options.mask_token_id,
+                     ResolveMaskTokenId(c.mask_token_id, c.target_dir, target.vocab_size));
+    cod.ratio = c.down_sample_ratio;
+    cod.ratio_min = c.down_sample_ratio_min;
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Eagle3Draft> draft,
                    Eagle3Draft::Create(shape, c.target_dir, map, c.seed,
-                                       !ctx.source.has_target_ids(), ctx.device, c.eagle3));
+                                       !ctx.source.has_target_ids(), ctx.device, options));
   return std::unique_ptr<TrainableDraft>(
-      new Eagle3Plugin(std::move(draft), c.ttt_steps, capture, c.target_dir));
+      new Eagle3Plugin(std::move(draft), c.ttt_steps, capture, c.target_dir, cod));
 }
 
 // A draft of `shape` and `options` over the target at `target_dir`, its
@@ -248,6 +345,7 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> RestoreEagle3(const RestoreInput
   std::unique_ptr<Eagle3Draft> draft;
   std::vector<int> captures;
   int k = in.ttt_steps;
+  CodOptions cod;
   if (in.is_export) {
     ASSIGN_OR_RETURN(ExportInput exported, ReadExport(in.path));
     const ExportConfig& c = exported.config;
@@ -265,9 +363,14 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> RestoreEagle3(const RestoreInput
     options.fc_norm = c.fc_norm;
     options.norm_output = c.norm_output;
     options.norm_before_fc = c.norm_before_fc;
+    options.parallel_drafting = c.parallel_drafting;
+    options.mask_token_id = c.mask_token_id;
     ASSIGN_OR_RETURN(draft, BuildDraft(shape, options, in.target_dir, exported.tensors,
                                        in.need_full_lm_head, in.what));
     captures.assign(c.aux_layer_ids.begin(), c.aux_layer_ids.end());
+    cod.ratio = c.down_sample_ratio;
+    cod.ratio_min = c.down_sample_ratio_min;
+    if (k <= 0 && c.num_depths > 0) k = static_cast<int>(c.num_depths);
   } else {
     ASSIGN_OR_RETURN(DraftShape shape, DraftShapeFromJson(in.state["draft_shape"]));
     ASSIGN_OR_RETURN(draft, BuildDraft(shape, OptionsFromJson(in.state.value("eagle3", nlohmann::json())),
@@ -277,10 +380,11 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> RestoreEagle3(const RestoreInput
     }
     captures = in.state["capture_layer_ids"].get<std::vector<int>>();
     if (k <= 0) k = in.state.value("ttt_steps", kDefaultTttSteps);
+    cod = CodFromJson(in.state.value("peagle", nlohmann::json()), k);
   }
   if (k <= 0) k = kDefaultTttSteps;
   return std::unique_ptr<TrainableDraft>(
-      new Eagle3Plugin(std::move(draft), k, std::move(captures), in.target_dir));
+      new Eagle3Plugin(std::move(draft), k, std::move(captures), in.target_dir, cod));
 }
 
 }  // namespace
@@ -301,9 +405,24 @@ DraftType Eagle3DraftType() {
   };
   type.holds_export = [](const nlohmann::json& config) {
     return config.value("architectures", nlohmann::json::array()) ==
-           nlohmann::json::array({kEagle3Architecture});
+               nlohmann::json::array({kEagle3Architecture}) &&
+           !config.value("parallel_drafting", false);
   };
   type.restore = RestoreEagle3;
+  return type;
+}
+
+DraftType PeagleDraftType() {
+  DraftType type = Eagle3DraftType();
+  type.name = kPeagle;
+  type.holds_checkpoint = [](const nlohmann::json& state) {
+    return state.value("draft_type", "") == kPeagle;
+  };
+  type.holds_export = [](const nlohmann::json& config) {
+    return config.value("architectures", nlohmann::json::array()) ==
+               nlohmann::json::array({kEagle3Architecture}) &&
+           config.value("parallel_drafting", false);
+  };
   return type;
 }
 
@@ -327,6 +446,8 @@ absl::StatusOr<ExportInput> DraftExportInput(const Eagle3Draft& draft,
   in.config.fc_norm = draft.options().fc_norm;
   in.config.norm_output = draft.options().norm_output;
   in.config.norm_before_fc = draft.options().norm_before_fc;
+  in.config.parallel_drafting = draft.options().parallel_drafting;
+  in.config.mask_token_id = draft.options().mask_token_id;
   for (const auto& [name, p] : draft.parameters()) in.tensors[name] = p.detach().clone();
   const VocabMap& map = draft.vocab_map();
   in.tensors["d2t"] = torch::tensor(map.d2t, torch::kInt64);

@@ -18,6 +18,8 @@ namespace specstream::student {
 
 // The registry line of "eagle3".
 DraftType Eagle3DraftType();
+// P-EAGLE: the EAGLE-3 draft with parallel drafting (Eagle3Options).
+DraftType PeagleDraftType();
 
 // The export tensors and config.json fields of a trained draft reading
 // `capture_layer_ids` of the target at `target_dir`.

@@ -67,6 +67,7 @@ std::vector<Expected> ExpectedTensors(const ExportConfig& c) {
     }
   }
   if (c.norm_before_fc) out.push_back({kNormBeforeFcTensor, {3 * th}, Kind::kWeight});
+  if (c.parallel_drafting) out.push_back({kMaskHiddenTensor, {1, 1, 3 * th}, Kind::kWeight});
   return out;
 }
 
@@ -91,6 +92,11 @@ absl::Status ValidateConfig(const ExportConfig& c) {
   RETURN_IF_ERROR(positive(c.max_position_embeddings, "max_position_embeddings"));
   RETURN_IF_ERROR(positive(c.vocab_size, "vocab_size"));
   RETURN_IF_ERROR(positive(c.draft_vocab_size, "draft_vocab_size"));
+  if (c.parallel_drafting && (c.mask_token_id < 0 || c.mask_token_id >= c.vocab_size)) {
+    return ConfigError(
+        "mask_token_id",
+        absl::StrCat(c.mask_token_id, " is not a target token id [0, ", c.vocab_size, ")"));
+  }
   if (c.fc_norm && c.norm_before_fc) {
     return ConfigError("fc_norm",
                        "true together with norm_before_fc: the captures are normalised per "
@@ -350,6 +356,16 @@ nlohmann::json ExportConfigJson(const ExportConfig& c) {
     j["norm_before_fc"] = true;
     j["eagle_config"]["norm_before_fc"] = true;
   }
+  if (c.parallel_drafting) {
+    j["parallel_drafting"] = true;
+    // vLLM reads the mask token under any of the three names.
+    j["mask_token_id"] = c.mask_token_id;
+    j["pard_token"] = c.mask_token_id;
+    j["ptd_token_id"] = c.mask_token_id;
+    j["num_depths"] = c.num_depths;
+    j["down_sample_ratio"] = c.down_sample_ratio;
+    j["down_sample_ratio_min"] = c.down_sample_ratio_min;
+  }
   return j;
 }
 
@@ -438,6 +454,18 @@ absl::StatusOr<ExportInput> ReadExport(const std::string& dir) {
     c.norm_before_fc = j.value("norm_before_fc", false);
     if (j.contains("eagle_config") && j["eagle_config"].is_object()) {
       c.norm_before_fc = j["eagle_config"].value("norm_before_fc", c.norm_before_fc);
+    }
+    c.parallel_drafting = j.value("parallel_drafting", false);
+    if (c.parallel_drafting) {
+      for (const char* key : {"mask_token_id", "pard_token", "ptd_token_id"}) {
+        if (j.contains(key) && !j[key].is_null()) {
+          c.mask_token_id = j[key].get<int64_t>();
+          break;
+        }
+      }
+      c.num_depths = j.value("num_depths", int64_t{0});
+      c.down_sample_ratio = j.value("down_sample_ratio", 0.7);
+      c.down_sample_ratio_min = j.value("down_sample_ratio_min", 0.2);
     }
     if (j.contains("eagle_config") &&
         j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {

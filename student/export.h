@@ -69,6 +69,9 @@ inline constexpr char kEagle3Architecture[] = "LlamaForCausalLMEagle3";
 // SpecForge write them.
 std::string FcNormTensorName(int64_t capture);  // "fc_norm.{capture}.weight" [TH]
 inline constexpr char kNormBeforeFcTensor[] = "input_norm.weight";  // [3*TH]
+// P-EAGLE's learnable stand-in for the captures at depths >= 1 (vLLM
+// loads it as model.mask_hidden).
+inline constexpr char kMaskHiddenTensor[] = "mask_hidden";  // [1, 1, 3*TH]
 
 struct ExportConfig {
   // The draft layer.
@@ -101,6 +104,15 @@ struct ExportConfig {
   bool fc_norm = false;
   bool norm_output = false;
   bool norm_before_fc = false;
+  // P-EAGLE (docs/peagle.md): parallel_drafting adds the mask_hidden tensor
+  // [1, 1, 3·TH] and writes, for vLLM's parallel drafting, parallel_drafting,
+  // mask_token_id (and its other names pard_token and ptd_token_id), and
+  // what training used: num_depths (K) and the COD shares.
+  bool parallel_drafting = false;
+  int64_t mask_token_id = 0;
+  int64_t num_depths = 0;
+  double down_sample_ratio = 0.7;
+  double down_sample_ratio_min = 0.2;
   // dtype of the exported float weights: "bfloat16" (default), "float16" or
   // "float32". d2t stays I64 and t2d BOOL.
   std::string torch_dtype = "bfloat16";

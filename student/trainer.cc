@@ -375,12 +375,16 @@ absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indice
   }
   DraftBatch batch = CollateShard(samples, config_.max_length, rows.begin, rows.end - rows.begin,
                                   rows.halo_end - rows.end);
-  if (draft_->reads_whole_token_ids()) {
+  const bool whole_ids = draft_->reads_whole_token_ids();
+  if (whole_ids || draft_->plans_on_whole_loss_mask()) {
     // The whole token ids and loss mask of each sample (cheap: no hidden
-    // states), padded to the CP group's cp·Tpad positions.
+    // states), padded to the CP group's cp·Tpad positions: in place of the
+    // shard's for a draft that reads them, else beside them for its plan.
     const int64_t total = layout_.cp_size * (rows.end - rows.begin);
-    batch.input_ids = torch::zeros({static_cast<int64_t>(indices.size()), total}, torch::kInt64);
-    batch.loss_mask = torch::zeros({static_cast<int64_t>(indices.size()), total}, torch::kUInt8);
+    torch::Tensor whole_input_ids =
+        torch::zeros({static_cast<int64_t>(indices.size()), total}, torch::kInt64);
+    torch::Tensor whole_loss_mask =
+        torch::zeros({static_cast<int64_t>(indices.size()), total}, torch::kUInt8);
     std::vector<int32_t> ids;
     std::vector<uint8_t> mask;
     for (size_t row = 0; row < indices.size(); ++row) {
@@ -390,12 +394,18 @@ absl::StatusOr<DraftBatch> Trainer::LoadBatch(const std::vector<int64_t>& indice
         return absl::DataLossError(absl::StrCat(source_name_, ": sample ", indices[row], " has ",
                                                 ids.size(), " token ids for length ", len));
       }
-      auto id_row = batch.input_ids.accessor<int64_t, 2>()[row];
-      auto mask_row = batch.loss_mask.accessor<uint8_t, 2>()[row];
+      auto id_row = whole_input_ids.accessor<int64_t, 2>()[row];
+      auto mask_row = whole_loss_mask.accessor<uint8_t, 2>()[row];
       for (int64_t t = 0; t < len; ++t) {
         id_row[t] = ids[t];
         mask_row[t] = mask[t];
       }
+    }
+    if (whole_ids) {
+      batch.input_ids = whole_input_ids;
+      batch.loss_mask = whole_loss_mask;
+    } else {
+      batch.whole_loss_mask = whole_loss_mask;
     }
   }
   return batch;

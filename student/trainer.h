@@ -88,6 +88,10 @@ struct TrainerConfig {
   // type sets; no vocab map).
   std::string draft_type = "eagle3";
   Eagle3Options eagle3;
+  // "peagle" (eagle3 with eagle3.parallel_drafting): COD sampling's shares
+  // (student/cod_sampling.h); the mask token is mask_token_id's below.
+  double down_sample_ratio = 0.7;
+  double down_sample_ratio_min = 0.2;
   BlockDraftOptions block;
   // Resolved at Init when unset (common/block_draft.h): block.target_layer_ids
   // when empty, and the mask token from model.draft.mask_token_id.

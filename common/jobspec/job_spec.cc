@@ -290,6 +290,12 @@ std::vector<SetField> DsparkFieldsSet(const v1::DraftSpec& draft) {
           {"loss_weights", draft.has_loss_weights()}};
 }
 
+// P-EAGLE's COD shares.
+std::vector<SetField> PeagleFieldsSet(const v1::DraftSpec& draft) {
+  return {{"down_sample_ratio", draft.has_down_sample_ratio()},
+          {"down_sample_ratio_min", draft.has_down_sample_ratio_min()}};
+}
+
 // EAGLE 3.1's flags on the EAGLE-3 draft.
 std::vector<SetField> Eagle31FieldsSet(const v1::DraftSpec& draft) {
   return {{"fc_norm", draft.fc_norm()},
@@ -463,23 +469,50 @@ absl::Status ValidateModel(v1::ModelSpec& model) {
                                    "), got ", draft.num_key_value_heads()));
   }
   if (draft.type().empty()) draft.set_type(kDraftTypeEagle3);
-  if (draft.type() != kDraftTypeEagle3 && !IsBlockDraft(draft)) {
-    return FieldError("model.draft.type", absl::StrCat("unknown draft type \"", draft.type(),
-                                                       "\" (known: eagle3, dflash, dspark)"));
+  const bool peagle = draft.type() == kDraftTypePeagle;
+  if (draft.type() != kDraftTypeEagle3 && !peagle && !IsBlockDraft(draft)) {
+    return FieldError("model.draft.type",
+                      absl::StrCat("unknown draft type \"", draft.type(),
+                                   "\" (known: eagle3, peagle, dflash, dspark)"));
+  }
+  for (const SetField& field : PeagleFieldsSet(draft)) {
+    if (field.set && !peagle) {
+      return FieldError(
+          absl::StrCat("model.draft.", field.name),
+          absl::StrCat("only for peagle drafts (model.draft.type is ", draft.type(), ")"));
+    }
   }
   if (IsBlockDraft(draft)) return ValidateBlockDraft(draft);
 
   for (const SetField& field : BlockDraftFieldsSet(draft)) {
-    if (field.set) {
-      return FieldError(absl::StrCat("model.draft.", field.name),
-                        "only for dflash and dspark drafts (model.draft.type is eagle3)");
+    // P-EAGLE's depths >= 1 read a mask token too.
+    const bool mask = field.name == "mask_token_id";
+    if (field.set && !(peagle && mask)) {
+      return FieldError(
+          absl::StrCat("model.draft.", field.name),
+          absl::StrCat("only for ", mask ? "peagle, " : "",
+                       "dflash and dspark drafts (model.draft.type is ", draft.type(), ")"));
     }
   }
   for (const SetField& field : DsparkFieldsSet(draft)) {
     if (field.set) {
-      return FieldError(absl::StrCat("model.draft.", field.name),
-                        "only for dspark drafts (model.draft.type is eagle3)");
+      return FieldError(
+          absl::StrCat("model.draft.", field.name),
+          absl::StrCat("only for dspark drafts (model.draft.type is ", draft.type(), ")"));
     }
+  }
+  if (draft.has_mask_token_id()) {
+    RETURN_IF_ERROR(RequireNonNegative(draft.mask_token_id(), "model.draft.mask_token_id"));
+  }
+  if (draft.has_down_sample_ratio() &&
+      !(draft.down_sample_ratio() > 0 && draft.down_sample_ratio() < 1)) {
+    return FieldError("model.draft.down_sample_ratio",
+                      absl::StrCat("must be in (0, 1), got ", draft.down_sample_ratio()));
+  }
+  if (draft.has_down_sample_ratio_min() &&
+      !(draft.down_sample_ratio_min() >= 0 && draft.down_sample_ratio_min() <= 1)) {
+    return FieldError("model.draft.down_sample_ratio_min",
+                      absl::StrCat("must be in [0, 1], got ", draft.down_sample_ratio_min()));
   }
   if (draft.fc_norm() && draft.norm_before_fc()) {
     return FieldError("model.draft.fc_norm",

@@ -56,6 +56,7 @@ inline constexpr int64_t kDefaultRegenerateTokens = 256;
 // model.draft: the draft types, and the defaults and bounds of the block-
 // draft fields (dflash / dspark, DESIGN §10; docs/job-config.md).
 inline constexpr char kDraftTypeEagle3[] = "eagle3";
+inline constexpr char kDraftTypePeagle[] = "peagle";
 inline constexpr char kDraftTypeDflash[] = "dflash";
 inline constexpr char kDraftTypeDspark[] = "dspark";
 inline constexpr int64_t kDefaultBlockDraftLayers = 1;

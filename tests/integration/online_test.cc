@@ -289,23 +289,56 @@ TEST_F(OnlineTest, OnlineAndOfflineTrainTheSameBitwise) {
   }
 }
 
-// EAGLE 3.1's flags change nothing in the stream: online trains exactly as
-// offline with them on.
-TEST_F(OnlineTest, Eagle31OnlineAndOfflineTrainTheSameBitwise) {
-  TrainerConfig offline_config = Offline();
-  offline_config.eagle3 = {true, true, false};
-  auto offline = Trainer::Create(offline_config, 0, 1, {});
-  ASSERT_TRUE(offline.ok()) << offline.status();
-  ASSERT_TRUE((*offline)->RunSteps(8).ok());
+// EAGLE 3.1's flags and P-EAGLE (whose COD plans are keyed by sample and
+// step) change nothing in the stream: online trains exactly as offline.
+TEST_F(OnlineTest, Eagle31AndPeagleOnlineAndOfflineTrainTheSameBitwise) {
+  auto eagle31 = [](TrainerConfig c) {
+    c.eagle3 = {true, true, false};
+    return c;
+  };
+  auto peagle = [](TrainerConfig c) {
+    c.draft_type = "peagle";
+    c.eagle3.parallel_drafting = true;
+    c.mask_token_id = 255;
+    c.ttt_steps = 4;
+    return c;
+  };
+  for (bool parallel : {false, true}) {
+    SCOPED_TRACE(parallel ? "peagle" : "eagle 3.1");
+    auto with = [&](TrainerConfig c) { return parallel ? peagle(c) : eagle31(c); };
+    auto offline = Trainer::Create(with(Offline()), 0, 1, {});
+    ASSERT_TRUE(offline.ok()) << offline.status();
+    ASSERT_TRUE((*offline)->RunSteps(8).ok());
+    Teacher teacher = StartTeacher();
+    ASSERT_NE(teacher.server, nullptr);
+    auto online = Trainer::Create(with(Online({teacher.server->address()}, "inline")), 0, 1, {});
+    ASSERT_TRUE(online.ok()) << online.status();
+    ASSERT_TRUE((*online)->RunSteps(8).ok());
+    ExpectSameTraining(**online, **offline);
+    // The three fc_norm weights; P-EAGLE's mask_hidden.
+    EXPECT_EQ((*online)->draft().parameters().size(), parallel ? 14u : 16u);
+  }
+}
+
+// P-EAGLE under CP 2 online: each rank streams its shard's rows plus the
+// TTT halo, plans COD on the whole loss mask, and trains exactly as the
+// offline CP run.
+TEST_F(OnlineTest, PeagleUnderContextParallelismOnlineEqualsOffline) {
   Teacher teacher = StartTeacher();
   ASSERT_NE(teacher.server, nullptr);
-  TrainerConfig online_config = Online({teacher.server->address()}, "inline");
-  online_config.eagle3 = offline_config.eagle3;
-  auto online = Trainer::Create(online_config, 0, 1, {});
-  ASSERT_TRUE(online.ok()) << online.status();
-  ASSERT_TRUE((*online)->RunSteps(8).ok());
-  ExpectSameTraining(**online, **offline);
-  EXPECT_EQ((*online)->draft().parameters().size(), 16u);  // the three fc_norm weights
+  std::vector<std::unique_ptr<Trainer>> offline(2), online(2);
+  for (bool use_teacher : {false, true}) {
+    auto& ranks = use_teacher ? online : offline;
+    TrainerConfig c = use_teacher ? Online({teacher.server->address()}) : Offline();
+    c.draft_type = "peagle";
+    c.eagle3.parallel_drafting = true;
+    c.mask_token_id = 255;
+    c.ttt_steps = 4;
+    c.cp_size = 2;
+    ASSERT_TRUE(TrainTwoRanks(c, ranks).ok());
+  }
+  ExpectSameTraining(*online[0], *offline[0]);
+  ExpectSameTraining(*online[1], *offline[1]);
 }
 
 // Block drafts online ask the teacher (which captures EAGLE-3's layers by

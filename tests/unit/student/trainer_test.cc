@@ -67,6 +67,18 @@ class TrainerTest : public ::testing::Test {
     return c;
   }
 
+  // P-EAGLE over `c`: the same EAGLE-3 draft proposing its depths in
+  // parallel, with COD sampling (a low floor, so that deep depths thin out).
+  static TrainerConfig Peagle(TrainerConfig c) {
+    c.draft_type = "peagle";
+    c.eagle3.parallel_drafting = true;
+    c.mask_token_id = 3;
+    c.ttt_steps = 4;
+    c.down_sample_ratio = 0.6;
+    c.down_sample_ratio_min = 0.1;
+    return c;
+  }
+
   static double MaxParameterDifference(Trainer& a, Trainer& b) {
     EXPECT_EQ(a.draft().parameters().size(), b.draft().parameters().size());
     double diff = 0;
@@ -132,6 +144,12 @@ TEST_F(TrainerTest, TwoRanksEqualOneRankWithEagle31Flags) {
   }
 }
 
+// P-EAGLE: COD plans are keyed by sample, so two ranks draw what one rank
+// with their samples draws, and the count-normalised loss is global.
+TEST_F(TrainerTest, TwoRanksEqualOneRankWithPeagle) {
+  ExpectTwoRanksEqualOneRank(Peagle(Config()), int64_t{4} << 20);
+}
+
 // ---------------------------------------------------------------------------
 // Context parallelism: world = DP x CP trainer ranks (threads) against one
 // rank with the DP groups' batches together. The draft gets 8 query / 4
@@ -142,6 +160,7 @@ struct CpCase {
   int64_t max_length;  // 0: the samples' own lengths (12-31, odd maxima)
   const char* name;
   Eagle3Options eagle3 = {};  // EAGLE 3.1's flags
+  bool peagle = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const CpCase& c) { return os << c.name; }
@@ -160,7 +179,7 @@ class TrainerCpTest : public TrainerTest, public ::testing::WithParamInterface<C
     config.cp_size = reference ? 1 : c.cp;
     config.ulysses_degree = reference ? 1 : c.ulysses;
     config.eagle3 = c.eagle3;
-    return config;
+    return c.peagle ? Peagle(config) : config;
   }
 
   // Runs `steps` on every rank of a DP x CP world; returns the trainers.
@@ -187,7 +206,9 @@ INSTANTIATE_TEST_SUITE_P(
                       CpCase{4, 4, 1, 6, "ring_cp4_T6_empty_last_shard"},
                       CpCase{2, 2, 1, 0, "ring_cp2_eagle31", {true, true, false}},
                       CpCase{2, 2, 2, 0, "ulysses_cp2_eagle31", {true, true, false}},
-                      CpCase{4, 4, 2, 0, "usp_cp4_norm_before_fc", {false, true, true}}),
+                      CpCase{4, 4, 2, 0, "usp_cp4_norm_before_fc", {false, true, true}},
+                      CpCase{2, 2, 1, 0, "ring_cp2_peagle", {}, true},
+                      CpCase{4, 4, 2, 0, "usp_cp4_peagle", {true, false, false}, true}),
     [](const ::testing::TestParamInfo<CpCase>& info) { return std::string(info.param.name); });
 
 // One step on the same batch: loss, acc_k and every parameter gradient (the
@@ -359,6 +380,40 @@ TEST_F(TrainerTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
         << (*straight)->draft().parameters()[i].first;
   }
   EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
+}
+
+// P-EAGLE's mask_hidden and COD plans resume bitwise (the plans are keyed
+// by step), and a resume with other COD shares is refused, naming them.
+TEST_F(TrainerTest, PeagleResumesBitwiseAndRefusesOtherShares) {
+  specstream::testing::TempDir dir;
+  TrainerConfig config = Peagle(Config());
+  config.max_steps = 8;
+  config.checkpoint_every = 4;
+  config.checkpoint_dir = dir.Join("straight");
+  auto straight = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  ASSERT_TRUE((*straight)->Run().ok());
+  EXPECT_EQ((*straight)->draft().type(), "peagle");
+  config.checkpoint_dir = dir.Join("interrupted");
+  {
+    auto first = Trainer::Create(config, 0, 1, {});
+    ASSERT_TRUE(first.ok());
+    ASSERT_TRUE((*first)->RunSteps(6).ok());
+  }
+  config.resume = true;
+  auto resumed = Trainer::Create(config, 0, 1, {});
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->step(), 4);
+  ASSERT_TRUE((*resumed)->Run().ok());
+  EXPECT_EQ(MaxParameterDifference(**straight, **resumed), 0.0);
+  EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
+
+  config.down_sample_ratio = 0.7;
+  auto other = Trainer::Create(config, 0, 1, {});
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("peagle"), std::string::npos) << other.status();
+  EXPECT_NE(other.status().message().find("down_sample_ratio"), std::string::npos)
+      << other.status();
 }
 
 // EAGLE 3.1's norms are checkpointed and restored like every parameter, and

@@ -406,6 +406,20 @@ TEST(JobConfigTest, Eagle31FlagsAreKept) {
   ExpectIdempotent(*spec);
 }
 
+TEST(JobConfigTest, PeagleFieldsAreKept) {
+  auto spec = ParseJobSpecYaml(Edit("    draft_vocab_size: 32000\n",
+                                    "    draft_vocab_size: 32000\n    type: peagle\n"
+                                    "    fc_norm: true\n    mask_token_id: 5\n"
+                                    "    down_sample_ratio: 0.6\n"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().draft().type(), "peagle");
+  EXPECT_TRUE(spec->model().draft().fc_norm());
+  EXPECT_EQ(spec->model().draft().mask_token_id(), 5);
+  EXPECT_EQ(spec->model().draft().down_sample_ratio(), 0.6);
+  EXPECT_FALSE(spec->model().draft().has_down_sample_ratio_min());
+  ExpectIdempotent(*spec);
+}
+
 TEST(JobConfigTest, EveryBlockDraftRefusalNamesItsField) {
   struct BlockRefusal {
     std::string spec;
@@ -420,13 +434,25 @@ TEST(JobConfigTest, EveryBlockDraftRefusalNamesItsField) {
   const std::string block_only = "only for dflash and dspark drafts";
   const std::string dspark_only = "only for dspark drafts";
   const std::vector<BlockRefusal> cases = {
-      {BlockSpec("eagle4"), "model.draft.type", "known: eagle3, dflash, dspark"},
+      {BlockSpec("eagle4"), "model.draft.type", "known: eagle3, peagle, dflash, dspark"},
       {BlockSpec("DSpark"), "model.draft.type", "unknown draft type"},
       // EAGLE-3 takes none of the block-draft fields.
       {eagle3("num_layers: 2"), "model.draft.num_layers", block_only},
       {eagle3("block_size: 16"), "model.draft.block_size", block_only},
       {eagle3("num_anchors: 512"), "model.draft.num_anchors", block_only},
-      {eagle3("mask_token_id: 0"), "model.draft.mask_token_id", block_only},
+      {eagle3("mask_token_id: 0"), "model.draft.mask_token_id",
+       "only for peagle, dflash and dspark drafts (model.draft.type is eagle3)"},
+      // P-EAGLE takes EAGLE-3's fields, the mask token and its COD shares.
+      {eagle3("down_sample_ratio: 0.5"), "model.draft.down_sample_ratio",
+       "only for peagle drafts (model.draft.type is eagle3)"},
+      {dflash("down_sample_ratio_min: 0.1"), "model.draft.down_sample_ratio_min",
+       "only for peagle drafts"},
+      {eagle3("type: peagle\n    num_layers: 2"), "model.draft.num_layers", block_only},
+      {eagle3("type: peagle\n    down_sample_ratio: 1"), "model.draft.down_sample_ratio",
+       "must be in (0, 1), got 1"},
+      {eagle3("type: peagle\n    down_sample_ratio_min: 1.5"), "model.draft.down_sample_ratio_min",
+       "must be in [0, 1], got 1.5"},
+      {eagle3("type: peagle\n    mask_token_id: -2"), "model.draft.mask_token_id", "got -2"},
       {eagle3("target_layer_ids: [1, 2]"), "model.draft.target_layer_ids", block_only},
       {eagle3("loss_decay_gamma: 7"), "model.draft.loss_decay_gamma", block_only},
       {eagle3("type: eagle3\n    block_size: 16"), "model.draft.block_size", block_only},
