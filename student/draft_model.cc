@@ -218,7 +218,9 @@ torch::Tensor Eagle3Draft::ValidMask(const DraftBatch& batch, const torch::Tenso
                                      const torch::Tensor& keep) const {
   torch::Tensor valid = Eagle3ValidMask(batch.lengths, batch.offset, batch.loss_mask, in_vocab, k,
                                         batch.aux_hidden.size(1));
-  if (options_.parallel_drafting && k > 0) valid = valid.logical_and(keep[k]);
+  if (options_.parallel_drafting && k > 0) {
+    valid = valid.logical_and(keep[k].to(valid.device()));
+  }
   return valid;
 }
 
@@ -315,10 +317,11 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
         parallel_drafting
             ? valid_denominators.sum().clamp_min(1).to(torch::kFloat64).expand({ttt_steps})
             : valid_denominators.clamp_min(1).to(torch::kFloat64);
-    torch::Tensor mask_embed, mask_hidden;
+    torch::Tensor mask_embed, mask_row, mask_hidden;
     if (parallel_drafting) {
       mask_embed = MaskEmbedding(cd).view({1, 1, -1}).expand({b, t, -1});
-      mask_hidden = MaskHidden(cd).view({1, 1, -1}).expand({b, t, -1});
+      mask_row = MaskHidden(cd);  // [1, H]
+      mask_hidden = mask_row.view({1, 1, -1}).expand({b, t, -1});
     }
     torch::Tensor weighted = torch::zeros({}, h.options().dtype(torch::kFloat32));
     const torch::Tensor none = torch::zeros({}, valid_denominators.options());
@@ -378,20 +381,14 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
         a = TttAttention(q, k0, v0, kd, vd, attention);
       }
       if (parallel.ulysses != nullptr) a = HeadsToSequence(a, *parallel.ulysses);
-      a = torch::linear(a.transpose(1, 2).reshape({b, t, A * D}), o_w);
-      torch::Tensor h_next = h + a;
-      h_next = h_next + nn::SwiGluMlp(nn::RmsNorm(h_next, post_ln, eps), gate, up, down);
-
-      // Row i (global position offset + i) predicts position offset+i+k+1:
-      // only rows before longest-k-1 can be valid. The teacher rows needed,
-      // up to rows+k+1, lie within the halo.
-      const int64_t rows = std::clamp<int64_t>(longest - batch.offset - k - 1, 0, t);
-      if (rows > 0) {
-        torch::Tensor valid = ValidMask(batch, in_vocab, k, keep).narrow(1, 0, rows);
+      a = a.transpose(1, 2).reshape({b, t, A * D});
+      // Adds step k's soft cross-entropy over rows whose post-norm hidden
+      // states, teacher log-probs and argmax, and validity are given (any
+      // leading shape).
+      auto record = [&](const torch::Tensor& normed, const torch::Tensor& logp,
+                        const torch::Tensor& argmax, const torch::Tensor& valid) {
         SoftCrossEntropyResult ce =
-            FusedSoftCrossEntropy(nn::RmsNorm(h_next, norm, eps).narrow(1, 0, rows), head,
-                                  teacher_logp.narrow(1, k + 1, rows),
-                                  teacher_argmax.narrow(1, k + 1, rows), valid.to(torch::kFloat32));
+            FusedSoftCrossEntropy(normed, head, logp, argmax, valid.to(torch::kFloat32));
         const torch::Tensor scale =
             torch::full({}, parallel_drafting ? 1.0 : decay, denominators.options()) /
             denominators[k];
@@ -399,13 +396,67 @@ absl::StatusOr<TttOutputs> Eagle3Draft::Forward(const DraftBatch& batch, int ttt
         corrects.push_back(ce.correct);
         valids.push_back(valid.sum());
         loss_sums.push_back(ce.loss.detach().to(torch::kFloat64));
-      } else {
+      };
+      auto record_none = [&](const torch::Tensor& output) {
         // Nothing to predict from these rows, but the step stays in the
         // graph: under CP every rank must run the same backward collectives.
-        weighted = weighted + h_next.sum().to(torch::kFloat32) * 0.0;
+        weighted = weighted + output.sum().to(torch::kFloat32) * 0.0;
         corrects.push_back(none);
         valids.push_back(none);
         loss_sums.push_back(none.to(torch::kFloat64));
+      };
+      // Row i (global position offset + i) predicts position offset+i+k+1:
+      // only rows before longest-k-1 can be valid. The teacher rows needed,
+      // up to rows+k+1, lie within the halo.
+      const int64_t rows = std::clamp<int64_t>(longest - batch.offset - k - 1, 0, t);
+
+      if (parallel_drafting && k > 0) {
+        // P-EAGLE: no later depth reads this one's output, so only the rows
+        // the plan keeps go on past the attention (their indices come from
+        // the host plan: nothing is read back from the device).
+        std::vector<int64_t> own, teacher;
+        const torch::Tensor kept = keep[k].to(torch::kCPU).contiguous();
+        const bool* kp = kept.data_ptr<bool>();
+        for (int64_t bi = 0; bi < b; ++bi) {
+          for (int64_t p = 0; p < rows; ++p) {
+            if (!kp[bi * t + p]) continue;
+            own.push_back(bi * t + p);
+            teacher.push_back(bi * te + p + k + 1);
+          }
+        }
+        if (own.empty()) {
+          record_none(a);
+          continue;
+        }
+        const auto index_options = batch.lengths.options().dtype(torch::kInt64);
+        const torch::Tensor own_index =
+            torch::tensor(own, torch::kInt64).to(index_options.device());
+        const torch::Tensor teacher_index =
+            torch::tensor(teacher, torch::kInt64).to(index_options.device());
+        const int64_t n = static_cast<int64_t>(own.size());
+        torch::Tensor h_rows =
+            mask_row.expand({n, -1}) +
+            torch::linear(a.reshape({b * t, A * D}).index_select(0, own_index), o_w);
+        h_rows = h_rows + nn::SwiGluMlp(nn::RmsNorm(h_rows, post_ln, eps), gate, up, down);
+        const int64_t v = teacher_logp.size(-1);
+        record(nn::RmsNorm(h_rows, norm, eps).unsqueeze(0),
+               teacher_logp.reshape({b * te, v}).index_select(0, teacher_index).unsqueeze(0),
+               teacher_argmax.reshape({b * te}).index_select(0, teacher_index).unsqueeze(0),
+               ValidMask(batch, in_vocab, k, keep)
+                   .reshape({b * t})
+                   .index_select(0, own_index)
+                   .unsqueeze(0));
+        continue;
+      }
+
+      torch::Tensor h_next = h + torch::linear(a, o_w);
+      h_next = h_next + nn::SwiGluMlp(nn::RmsNorm(h_next, post_ln, eps), gate, up, down);
+      if (rows > 0) {
+        record(nn::RmsNorm(h_next, norm, eps).narrow(1, 0, rows),
+               teacher_logp.narrow(1, k + 1, rows), teacher_argmax.narrow(1, k + 1, rows),
+               ValidMask(batch, in_vocab, k, keep).narrow(1, 0, rows));
+      } else {
+        record_none(h_next);
       }
       decay *= kTttLossDecay;
       h = NextHidden(h_next, norm);

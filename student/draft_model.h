@@ -166,9 +166,10 @@ class Eagle3Draft final {
   // context parallelism `batch` is this rank's shard with a halo of >=
   // ttt_steps rows and `parallel` names the groups; outputs cover the
   // shard's own rows. Reads nothing back from the device.
-  // P-EAGLE: `keep` (bool [K, B, T] over the batch's own rows, on its
-  // device) says which rows train at each depth k >= 1 (row k = 0 is not
-  // read); valid_denominators then holds the global count of trained rows
+  // P-EAGLE: `keep` (bool [K, B, T] over the batch's own rows, on the
+  // host: the COD plan) says which rows train at each depth k >= 1 (row
+  // k = 0 is not read); only those rows go on past the attention at that
+  // depth. valid_denominators then holds the global count of trained rows
   // per depth, and the loss divides by their sum.
   absl::StatusOr<TttOutputs> Forward(const DraftBatch& batch, int ttt_steps,
                                      const torch::Tensor& valid_denominators,

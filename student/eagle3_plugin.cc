@@ -224,12 +224,12 @@ class Eagle3Plugin final : public TrainableDraft {
 
  private:
   bool parallel() const { return draft_->options().parallel_drafting; }
-  // P-EAGLE: the plan's rows of this batch's own rows, on its device;
+  // P-EAGLE: the plan's rows of this batch's own rows, on the host;
   // undefined for EAGLE-3.
   torch::Tensor Keep(const DraftBatch& batch, const StepPlan& plan) const {
     if (!parallel()) return {};
     const torch::Tensor& whole = static_cast<const CodPlan&>(plan).keep;
-    return whole.narrow(2, batch.offset, batch.aux_hidden.size(1)).to(batch.lengths.device());
+    return whole.narrow(2, batch.offset, batch.aux_hidden.size(1)).contiguous();
   }
 
   std::unique_ptr<Eagle3Draft> draft_;
