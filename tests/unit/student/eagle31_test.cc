@@ -21,74 +21,17 @@
 #include "student/draft_model.h"
 #include "student/eagle3_plugin.h"
 #include "student/export.h"
+#include "tests/testing/eagle3_draft_fixture.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
 
 namespace specstream::student {
 namespace {
 
-constexpr int64_t kDraftVocab = 48;
+constexpr int64_t kDraftVocab = testing::Eagle3DraftFixture::kDraftVocab;
 constexpr int kSteps = 3;
 
-class Eagle31Test : public ::testing::Test {
- protected:
-  void SetUp() override {
-    model_.layers = 6;
-    model_.vocab = 96;
-    testing::WriteTinyModel(tmp_.path(), model_);
-    auto config = LoadHfConfig(tmp_.path());
-    ASSERT_TRUE(config.ok()) << config.status();
-    target_ = *config;
-    shape_ = TargetDraftShape(*config, 3);
-    shape_.draft_vocab_size = kDraftVocab;
-    // Every even id is in the draft vocab: the map's offsets are exercised.
-    TokenCounter counter(model_.vocab);
-    std::vector<int32_t> even;
-    for (int32_t i = 0; i < model_.vocab; i += 2) even.push_back(i);
-    ASSERT_TRUE(counter.Add(even, std::vector<uint8_t>(even.size(), 1)).ok());
-    auto map = BuildVocabMap(counter, kDraftVocab);
-    ASSERT_TRUE(map.ok()) << map.status();
-    map_ = *map;
-  }
-
-  // A draft with `flags` whose norm weights are moved off their init of
-  // ones, so that a norm applied with the wrong weight shows.
-  std::unique_ptr<Eagle3Draft> Draft(const Eagle3Options& flags, uint64_t seed = 3) {
-    auto created = Eagle3Draft::Create(shape_, tmp_.path(), map_, seed,
-                                       /*need_full_lm_head=*/true, torch::kCPU, flags);
-    EXPECT_TRUE(created.ok()) << created.status();
-    if (!created.ok()) return nullptr;
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(seed);
-    for (auto& [name, p] : (*created)->parameters()) {
-      if (name.find("norm") != std::string::npos) p.uniform_(0.5, 1.5);
-    }
-    return std::move(*created);
-  }
-
-  // One sample of `t` tokens with random captures, teacher states and a
-  // loss mask with holes.
-  DraftBatch Batch(int64_t t, int seed) const {
-    torch::manual_seed(seed);
-    const int64_t h = shape_.hidden_size;
-    DraftBatch b;
-    const std::vector<int32_t> ids = testing::RandomTokens(t, model_.vocab - 1, seed);
-    b.input_ids = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end())).unsqueeze(0);
-    b.loss_mask = torch::ones({1, t}, torch::kUInt8);
-    b.loss_mask[0][3] = 0;
-    b.aux_hidden = torch::randn({1, t, 3 * h});
-    b.last_hidden = torch::randn({1, t, h}) * 3;
-    b.lengths = torch::tensor({t});
-    b.host_lengths = {t};
-    return b;
-  }
-
-  testing::TempDir tmp_;
-  testing::TinyModelOptions model_;
-  HfModelConfig target_;
-  DraftShape shape_;
-  VocabMap map_;
-};
+using Eagle31Test = testing::Eagle3DraftFixture;
 
 // The TTT unroll of DESIGN.md §3 with EAGLE 3.1's flags, written out
 // densely in float64 for one sample: at step k, row t reads token

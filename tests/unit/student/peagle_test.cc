@@ -25,13 +25,14 @@
 #include "student/draft_model.h"
 #include "student/eagle3_plugin.h"
 #include "student/export.h"
+#include "tests/testing/eagle3_draft_fixture.h"
 #include "tests/testing/testing.h"
 #include "tests/testing/tiny_model.h"
 
 namespace specstream::student {
 namespace {
 
-constexpr int64_t kDraftVocab = 48;
+constexpr int64_t kDraftVocab = testing::Eagle3DraftFixture::kDraftVocab;
 constexpr int kDepths = 4;
 constexpr int64_t kMaskToken = 7;
 
@@ -105,25 +106,8 @@ TEST(CodSamplingTest, RowsAreNestedValidAndKeyedBySampleAndStep) {
 
 // --- The draft --------------------------------------------------------------
 
-class PeagleTest : public ::testing::Test {
+class PeagleTest : public testing::Eagle3DraftFixture {
  protected:
-  void SetUp() override {
-    model_.layers = 6;
-    model_.vocab = 96;
-    testing::WriteTinyModel(tmp_.path(), model_);
-    auto config = LoadHfConfig(tmp_.path());
-    ASSERT_TRUE(config.ok()) << config.status();
-    shape_ = TargetDraftShape(*config, 3);
-    shape_.draft_vocab_size = kDraftVocab;
-    TokenCounter counter(model_.vocab);
-    std::vector<int32_t> even;
-    for (int32_t i = 0; i < model_.vocab; i += 2) even.push_back(i);
-    ASSERT_TRUE(counter.Add(even, std::vector<uint8_t>(even.size(), 1)).ok());
-    auto map = BuildVocabMap(counter, kDraftVocab);
-    ASSERT_TRUE(map.ok()) << map.status();
-    map_ = *map;
-  }
-
   static Eagle3Options Peagle(bool fc_norm = false) {
     Eagle3Options o;
     o.fc_norm = fc_norm;
@@ -131,39 +115,6 @@ class PeagleTest : public ::testing::Test {
     o.mask_token_id = kMaskToken;
     return o;
   }
-
-  std::unique_ptr<Eagle3Draft> Draft(const Eagle3Options& options, uint64_t seed = 3) {
-    auto created = Eagle3Draft::Create(shape_, tmp_.path(), map_, seed,
-                                       /*need_full_lm_head=*/true, torch::kCPU, options);
-    EXPECT_TRUE(created.ok()) << created.status();
-    if (!created.ok()) return nullptr;
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(seed);
-    for (auto& [name, p] : (*created)->parameters()) {
-      if (name.find("norm") != std::string::npos) p.uniform_(0.5, 1.5);
-    }
-    return std::move(*created);
-  }
-
-  DraftBatch Batch(int64_t t, int seed) const {
-    torch::manual_seed(seed);
-    const int64_t h = shape_.hidden_size;
-    DraftBatch b;
-    const std::vector<int32_t> ids = testing::RandomTokens(t, model_.vocab - 1, seed);
-    b.input_ids = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end())).unsqueeze(0);
-    b.loss_mask = torch::ones({1, t}, torch::kUInt8);
-    b.loss_mask[0][3] = 0;
-    b.aux_hidden = torch::randn({1, t, 3 * h});
-    b.last_hidden = torch::randn({1, t, h}) * 3;
-    b.lengths = torch::tensor({t});
-    b.host_lengths = {t};
-    return b;
-  }
-
-  testing::TempDir tmp_;
-  testing::TinyModelOptions model_;
-  DraftShape shape_;
-  VocabMap map_;
 };
 
 // One element of the parallel draft's flattened sequence.

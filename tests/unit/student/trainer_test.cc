@@ -382,32 +382,40 @@ TEST_F(TrainerTest, InterruptedAndResumedEqualsUninterruptedBitwise) {
   EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
 }
 
-// P-EAGLE's mask_hidden and COD plans resume bitwise (the plans are keyed
-// by step), and a resume with other COD shares is refused, naming them.
-TEST_F(TrainerTest, PeagleResumesBitwiseAndRefusesOtherShares) {
-  specstream::testing::TempDir dir;
-  TrainerConfig config = Peagle(Config());
+// Runs `config` for 8 steps (checkpoints every 4) straight, and again
+// interrupted after 6 and resumed from step 4: the two end bitwise equal.
+// Returns the config of the resumed run.
+TrainerConfig ExpectResumesBitwise(TrainerConfig config, specstream::testing::TempDir& dir) {
   config.max_steps = 8;
   config.checkpoint_every = 4;
   config.checkpoint_dir = dir.Join("straight");
   auto straight = Trainer::Create(config, 0, 1, {});
-  ASSERT_TRUE(straight.ok()) << straight.status();
-  ASSERT_TRUE((*straight)->Run().ok());
-  EXPECT_EQ((*straight)->draft().type(), "peagle");
+  EXPECT_TRUE(straight.ok()) << straight.status();
+  if (!straight.ok()) return config;
+  EXPECT_TRUE((*straight)->Run().ok());
   config.checkpoint_dir = dir.Join("interrupted");
   {
     auto first = Trainer::Create(config, 0, 1, {});
-    ASSERT_TRUE(first.ok());
-    ASSERT_TRUE((*first)->RunSteps(6).ok());
+    EXPECT_TRUE(first.ok());
+    if (first.ok()) EXPECT_TRUE((*first)->RunSteps(6).ok());
   }
   config.resume = true;
   auto resumed = Trainer::Create(config, 0, 1, {});
-  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_TRUE(resumed.ok()) << resumed.status();
+  if (!resumed.ok()) return config;
   EXPECT_EQ((*resumed)->step(), 4);
-  ASSERT_TRUE((*resumed)->Run().ok());
-  EXPECT_EQ(MaxParameterDifference(**straight, **resumed), 0.0);
+  EXPECT_TRUE((*resumed)->Run().ok());
+  EXPECT_EQ((*resumed)->draft().type(), (*straight)->draft().type());
+  EXPECT_EQ(TrainerTest::MaxParameterDifference(**straight, **resumed), 0.0);
   EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
+  return config;
+}
 
+// P-EAGLE's mask_hidden and COD plans resume bitwise (the plans are keyed
+// by step), and a resume with other COD shares is refused, naming them.
+TEST_F(TrainerTest, PeagleResumesBitwiseAndRefusesOtherShares) {
+  specstream::testing::TempDir dir;
+  TrainerConfig config = ExpectResumesBitwise(Peagle(Config()), dir);
   config.down_sample_ratio = 0.7;
   auto other = Trainer::Create(config, 0, 1, {});
   ASSERT_FALSE(other.ok());
@@ -420,28 +428,9 @@ TEST_F(TrainerTest, PeagleResumesBitwiseAndRefusesOtherShares) {
 // a resume with other flags is refused, naming them.
 TEST_F(TrainerTest, Eagle31ResumesBitwiseAndRefusesOtherFlags) {
   specstream::testing::TempDir dir;
-  TrainerConfig config = Config();
-  config.eagle3 = {true, true, false};
-  config.max_steps = 8;
-  config.checkpoint_every = 4;
-  config.checkpoint_dir = dir.Join("straight");
-  auto straight = Trainer::Create(config, 0, 1, {});
-  ASSERT_TRUE(straight.ok()) << straight.status();
-  ASSERT_TRUE((*straight)->Run().ok());
-  config.checkpoint_dir = dir.Join("interrupted");
-  {
-    auto first = Trainer::Create(config, 0, 1, {});
-    ASSERT_TRUE(first.ok());
-    ASSERT_TRUE((*first)->RunSteps(6).ok());
-  }
-  config.resume = true;
-  auto resumed = Trainer::Create(config, 0, 1, {});
-  ASSERT_TRUE(resumed.ok()) << resumed.status();
-  EXPECT_EQ((*resumed)->step(), 4);
-  ASSERT_TRUE((*resumed)->Run().ok());
-  EXPECT_EQ(MaxParameterDifference(**straight, **resumed), 0.0);
-  EXPECT_EQ((*resumed)->history().back().loss, (*straight)->history().back().loss);
-
+  TrainerConfig eagle31 = Config();
+  eagle31.eagle3 = {true, true, false};
+  TrainerConfig config = ExpectResumesBitwise(eagle31, dir);
   config.eagle3.norm_output = false;
   auto other = Trainer::Create(config, 0, 1, {});
   ASSERT_FALSE(other.ok());
