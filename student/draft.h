@@ -85,7 +85,7 @@ class TrainableDraft {
  public:
   virtual ~TrainableDraft() = default;
 
-  // The job's model.draft.type: "eagle3", "dflash", "dspark".
+  // The job's model.draft.type: "eagle3", "peagle", "dflash", "dspark".
   virtual const std::string& type() const = 0;
   // A one-line description for the log.
   virtual std::string Describe() const = 0;

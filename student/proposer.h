@@ -16,7 +16,7 @@ namespace specstream::student {
 
 struct LoadedProposer {
   std::unique_ptr<spec::Draft> draft;
-  std::string type;                    // "eagle3", "dflash" or "dspark"
+  std::string type;                    // "eagle3", "peagle", "dflash" or "dspark"
   std::vector<int> capture_layer_ids;  // the target layers the draft reads, in order
   std::string target_dir;
 };

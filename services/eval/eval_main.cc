@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
   sp_cmd->add_option("--max-new", sp.max_new, "Tokens per answer at most");
   sp_cmd->add_option("--temperatures", sp.temperatures, "Comma-separated, e.g. 0,1");
   sp_cmd->add_option("--k", sp.chain,
-                     "EAGLE-3 / EAGLE 3.1 chain length (block drafts propose their block)");
+                     "EAGLE-3 / EAGLE 3.1 chain length; at most a P-EAGLE draft's K (block drafts "
+                     "propose their block)");
   sp_cmd->add_option("--seed", sp.seed, "Sampling seed (plus the prompt id)");
   sp_cmd->add_option("--limit", sp.limit, "First N prompts of the split (0: all)");
   sp_cmd->add_option("--dtype", sp.dtype, "float32 | bfloat16 | auto");

@@ -231,7 +231,8 @@ absl::Status RunServe(ServeFlags flags) {
 int main(int argc, char** argv) {
   // Before any thread: may re-execute this binary (common/openmp_wait.h).
   specstream::PreferPassiveOpenMpWait(argv);
-  CLI::App app{"SpecStream student: trains draft models (eagle3, EAGLE 3.1 flags, dflash, dspark)"};
+  CLI::App app{
+      "SpecStream student: trains draft models (eagle3, EAGLE 3.1 flags, peagle, dflash, dspark)"};
   app.require_subcommand(1);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
