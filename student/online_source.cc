@@ -759,8 +759,10 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     absl::Status status = CatchTorch(absl::StrCat("sample ", index), [&] {
       for (const v1::TensorSpec& spec : contract.tensors()) {
         auto dtype = FromProtoDType(spec.dtype());
-        TORCH_CHECK(dtype.ok(), "tensor ", spec.name(), ": ",
-                    std::string(dtype.status().message()));
+        if (!dtype.ok()) {
+          // Keeps the code (CatchTorch passes a StatusError's through).
+          ThrowIfError(Annotate(dtype.status(), absl::StrCat("tensor ", spec.name())));
+        }
         TensorView view;
         view.name = spec.name();
         view.dtype = *dtype;

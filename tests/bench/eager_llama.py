@@ -27,6 +27,7 @@ computes what the teacher does.
 Only the llama architecture (no biases; tied or separate lm_head).
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -123,9 +124,12 @@ class Llama:
 
 
 def write(out_dir, index, tensors):
+    # The tensors' bytes as they are in memory, without numpy (pip's torch
+    # comes without it).
     for name, tensor in tensors.items():
-        raw = tensor.contiguous().view(torch.uint8) if tensor.dtype.is_floating_point else tensor
-        raw.numpy().tofile(os.path.join(out_dir, f"{name}-{index}.bin"))
+        raw = tensor.contiguous()
+        with open(os.path.join(out_dir, f"{name}-{index}.bin"), "wb") as f:
+            f.write(ctypes.string_at(raw.data_ptr(), raw.numel() * raw.element_size()))
 
 
 def main():

@@ -26,8 +26,8 @@
 //             HfRuntime::Create + `dump` of the same sequences to a store.
 // Its captures and argmax must agree with the runtime's, as the C++ eager
 // forward's must. Without torch on --python the columns are skipped, and
-// under CI=true that fails. The P23 goals (compute >= 1.0, end to end >=
-// 0.9) are printed, not yet asserted.
+// under CI=true that fails. The P23 goals are asserted in both dtypes:
+// compute >= 1.0 and end to end >= 0.9 of Python eager's.
 //
 // Then the same runtime answering prompts (data.regenerate): one at a
 // time against --answer-batch of them decoded together in batched steps;
@@ -405,6 +405,18 @@ bool BenchPythonEager(specstream::teacher::HfRuntime& runtime, const std::string
       tokens / compute, py->compute_s / compute, tokens / py->end_to_end_s, tokens / end_to_end,
       py->end_to_end_s / end_to_end);
   std::filesystem::remove_all(work);
+  // The P23 goals, in either dtype.
+  const double vs_py = py->compute_s / compute, e2e_vs_py = py->end_to_end_s / end_to_end;
+  if (vs_py < 1.0) {
+    std::printf("teacher_bench: FAIL %s compute x%.2f of Python eager's (goal >= 1.0)\n", dtype,
+                vs_py);
+    ok = false;
+  }
+  if (e2e_vs_py < 0.9) {
+    std::printf("teacher_bench: FAIL %s end to end x%.2f of Python eager's (goal >= 0.9)\n", dtype,
+                e2e_vs_py);
+    ok = false;
+  }
   return ok;
 }
 
