@@ -7,6 +7,8 @@
 #ifndef SPECSTREAM_TESTS_TESTING_EAGLE3_DRAFT_FIXTURE_H_
 #define SPECSTREAM_TESTS_TESTING_EAGLE3_DRAFT_FIXTURE_H_
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +77,29 @@ class Eagle3DraftFixture : public ::testing::Test {
     b.lengths = torch::tensor({t});
     b.host_lengths = {t};
     return b;
+  }
+
+  // The draft's parameters as float64 leaves for a reference to
+  // differentiate.
+  static std::map<std::string, torch::Tensor> Float64Leaves(const student::Eagle3Draft& draft) {
+    std::map<std::string, torch::Tensor> w;
+    for (const auto& [name, p] : draft.parameters()) {
+      w[name] = p.detach().to(torch::kFloat64).requires_grad_(true);
+    }
+    return w;
+  }
+
+  // Every parameter's gradient within 2e-4 of the reference's (relative to
+  // the reference's largest entry).
+  static void ExpectGradientsMatch(const student::Eagle3Draft& draft,
+                                   const std::map<std::string, torch::Tensor>& reference) {
+    for (const auto& [name, p] : draft.parameters()) {
+      const torch::Tensor ref = reference.at(name).grad();
+      ASSERT_TRUE(ref.defined()) << name;
+      const double scale = std::max(ref.abs().max().item<double>(), 1e-6);
+      EXPECT_LE((p.grad().to(torch::kFloat64) - ref).abs().max().item<double>() / scale, 2e-4)
+          << name;
+    }
   }
 
   TempDir tmp_;

@@ -157,22 +157,13 @@ TEST_F(Eagle31Test, EachFlagMatchesAFloat64Reference) {
     ASSERT_TRUE(out.ok()) << out.status();
     out->weighted_loss.backward();
 
-    std::map<std::string, torch::Tensor> w;
-    for (const auto& [name, p] : draft->parameters()) {
-      w[name] = p.detach().to(torch::kFloat64).requires_grad_(true);
-    }
+    std::map<std::string, torch::Tensor> w = Float64Leaves(*draft);
     const torch::Tensor want =
         ReferenceLoss(w, flags, shape_, embed, full_head, teacher_head, map_.used, batch);
     want.backward();
     const double loss = out->weighted_loss.item<double>();
     EXPECT_NEAR(loss, want.item<double>(), 2e-5 * std::abs(want.item<double>()));
-    for (const auto& [name, p] : draft->parameters()) {
-      const torch::Tensor ref = w.at(name).grad();
-      ASSERT_TRUE(ref.defined()) << name;
-      const double scale = std::max(ref.abs().max().item<double>(), 1e-6);
-      EXPECT_LE((p.grad().to(torch::kFloat64) - ref).abs().max().item<double>() / scale, 2e-4)
-          << name;
-    }
+    ExpectGradientsMatch(*draft, w);
     // The flags change the loss: the reference without them disagrees.
     if (flags.any()) {
       std::map<std::string, torch::Tensor> plain = w;

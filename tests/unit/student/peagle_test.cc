@@ -228,10 +228,7 @@ TEST_F(PeagleTest, TrainingMatchesAFloat64DenseMaskReference) {
     // The reference: elements of depth 0 at every row, then each depth's
     // kept rows; the trained ones are the kept rows whose teacher target is
     // valid (EAGLE-3's alignment) and in the draft vocab.
-    std::map<std::string, torch::Tensor> w;
-    for (const auto& [name, p] : draft->parameters()) {
-      w[name] = p.detach().to(torch::kFloat64).requires_grad_(true);
-    }
+    std::map<std::string, torch::Tensor> w = Float64Leaves(*draft);
     std::vector<Element> elements;
     for (int64_t p = 0; p < t; ++p) elements.push_back({p, 0});
     for (int64_t k = 1; k < kDepths; ++k) {
@@ -269,13 +266,7 @@ TEST_F(PeagleTest, TrainingMatchesAFloat64DenseMaskReference) {
     loss.backward();
     EXPECT_NEAR(out->weighted_loss.item<double>(), loss.item<double>(),
                 2e-5 * std::abs(loss.item<double>()));
-    for (const auto& [name, p] : draft->parameters()) {
-      const torch::Tensor ref = w.at(name).grad();
-      ASSERT_TRUE(ref.defined()) << name;
-      const double scale = std::max(ref.abs().max().item<double>(), 1e-6);
-      EXPECT_LE((p.grad().to(torch::kFloat64) - ref).abs().max().item<double>() / scale, 2e-4)
-          << name;
-    }
+    ExpectGradientsMatch(*draft, w);
     EXPECT_GT(w.at(kMaskHiddenTensor).grad().abs().max().item<double>(), 0);
   }
 }
