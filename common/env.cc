@@ -15,6 +15,14 @@ namespace {
 class PosixEnv final : public Env {
  public:
   absl::Time Now() override { return absl::Now(); }
+  void SleepFor(absl::Duration d) override { absl::SleepFor(d); }
+  bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& cond,
+                         absl::Time deadline) override {
+    return mu.AwaitWithDeadline(cond, deadline);
+  }
+  bool WaitWithDeadline(absl::CondVar& cv, absl::Mutex& mu, absl::Time deadline) override {
+    return cv.WaitWithDeadline(&mu, deadline);
+  }
   absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) override {
     return specstream::WriteFileAtomically(path, contents);
   }

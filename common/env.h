@@ -1,8 +1,13 @@
-// The process's surroundings that tests need to control: the wall clock and
-// the filesystem's durability steps (atomic writes, renames, directory
-// fsyncs). Code that must survive faults takes an Env* (null: Default()), so
-// a test can stop time or make the third fsync fail (tests/testing/fake_env.h)
-// without root, full disks or sleeps.
+// The process's surroundings that tests need to control: the wall clock,
+// waiting for it, and the filesystem's durability steps (atomic writes,
+// renames, directory fsyncs). Code whose grace periods, backoffs and timeouts
+// must be tested, or that must survive faults, takes an Env* (null:
+// Default()), so a test can drive time by hand or make the third fsync fail
+// (tests/testing/fake_env.h) without root, full disks or sleeps. Code that
+// waits on the real world alone (gRPC deadlines, a GPU, a peer's socket) uses
+// Default(). absl::Now() is called only in env.cc (the NCCL channel, which
+// links no common core, times its waits on the monotonic clock);
+// tests/check_clock.sh keeps it so.
 //
 // Thread-safety: implementations are safe to call from any thread.
 #ifndef SPECSTREAM_COMMON_ENV_H_
@@ -16,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace specstream {
@@ -29,6 +35,23 @@ class Env {
   static Env& Or(Env* env) { return env != nullptr ? *env : Default(); }
 
   virtual absl::Time Now() = 0;
+
+  // Waiting on Now()'s clock. Each returns early only as it says.
+  // Blocks until Now() has advanced by `d`.
+  virtual void SleepFor(absl::Duration d) = 0;
+  // With `mu` held: waits until `cond` holds or Now() reaches `deadline`,
+  // releasing `mu` meanwhile; returns whether `cond` holds (the contract of
+  // absl::Mutex::AwaitWithDeadline).
+  virtual bool AwaitWithDeadline(absl::Mutex& mu, const absl::Condition& cond,
+                                 absl::Time deadline) = 0;
+  // With `mu` held: waits for `cv` to be signalled or Now() to reach
+  // `deadline`; true when the deadline passed (absl::CondVar::WaitWithDeadline;
+  // wakeups may be spurious).
+  virtual bool WaitWithDeadline(absl::CondVar& cv, absl::Mutex& mu, absl::Time deadline) = 0;
+  bool AwaitWithTimeout(absl::Mutex& mu, const absl::Condition& cond, absl::Duration timeout) {
+    return AwaitWithDeadline(mu, cond, Now() + timeout);
+  }
+
   // The operations of common/file.h, with its guarantees and error codes.
   virtual absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) = 0;
   virtual absl::Status FsyncDirectory(const std::string& dir) = 0;

@@ -14,7 +14,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "common/backoff.h"
 #include "common/capture_layers.h"
 #include "common/chat_template.h"
@@ -269,7 +268,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
       for (int64_t i = 0; i < n; ++i) work.own[i % teachers.size()].push_back(i);
     }
     std::vector<std::vector<int32_t>> answers(n);
-    const absl::Time start = absl::Now();
+    const absl::Time start = clock().Now();
     absl::Time next_report = start + absl::Seconds(10);
     auto worker = [&](size_t t) {
       while (true) {
@@ -303,7 +302,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
           work.answer_tokens += static_cast<int64_t>(answer->size());
           answers[i] = *std::move(answer);
           ++work.answered;
-          if (const absl::Time now = absl::Now(); now >= next_report || work.answered == n) {
+          if (const absl::Time now = clock().Now(); now >= next_report || work.answered == n) {
             next_report = now + absl::Seconds(10);
             SS_LOG_INFO("online: {}/{} answers ({:.1f} tokens each), {:.0f} s", work.answered, n,
                         static_cast<double>(work.answer_tokens) / work.answered,
@@ -561,7 +560,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     if (closing_ || !gone_.ok() || options_.teacher_grace <= absl::ZeroDuration()) return;
     Teacher& teacher = teachers_[address];
     if (teacher.reconnecting || LiveTo(address)) return;
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock().Now();
     if (teacher.lost_since == absl::InfiniteFuture()) {
       teacher.lost_since = now;
       teacher.backoff = Backoff(options_.reconnect_backoff, options_.reconnect_max_backoff);
@@ -665,7 +664,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   void ReconnectLoop() ABSL_LOCKS_EXCLUDED(mu_) {
     mu_.Lock();
     while (!closing_) {
-      const absl::Time now = absl::Now();
+      const absl::Time now = clock().Now();
       std::string due;
       absl::Time wake = absl::InfiniteFuture();
       for (auto& [address, teacher] : teachers_) {
@@ -685,7 +684,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
         wake = std::min({wake, teacher.next_try, expiry});
       }
       if (due.empty()) {
-        reconnect_cv_.WaitWithDeadline(&mu_, wake);
+        clock().WaitWithDeadline(reconnect_cv_, mu_, wake);
         continue;
       }
       Teacher& teacher = teachers_[due];
@@ -719,7 +718,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
           continue;
         }
         again.last_error = stream.status();
-        const absl::Time failed = absl::Now();
+        const absl::Time failed = clock().Now();
         again.backoff.Grow();
         again.next_try = failed + Jittered(again.backoff.delay());
         const absl::Duration grace_left = again.lost_since + options_.teacher_grace - failed;
@@ -818,11 +817,11 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     Want(index, rows);
     // A sample may also wait out a teacher's grace.
     const absl::Time deadline =
-        absl::Now() + options_.stream.sample_timeout + options_.teacher_grace;
+        clock().Now() + options_.stream.sample_timeout + options_.teacher_grace;
     Slot* slot = &slots_[index];
     while (!slot->ready) {
       // WaitWithDeadline is true when the deadline passed.
-      if (cv_.WaitWithDeadline(&mu_, deadline) && !slots_[index].ready) {
+      if (clock().WaitWithDeadline(cv_, mu_, deadline) && !slots_[index].ready) {
         return absl::DeadlineExceededError(absl::StrCat(
             "sample ", index, " did not arrive within ",
             absl::FormatDuration(options_.stream.sample_timeout + options_.teacher_grace)));
@@ -857,6 +856,8 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
     Release(indices);
     return ledger_ ? ledger_->Record(step, indices) : absl::OkStatus();
   }
+
+  Env& clock() const { return Env::Or(options_.clock); }
 
   OnlineSourceOptions options_;
   std::vector<TokenizedSample> samples_;

@@ -54,6 +54,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "common/jobspec/job_spec.h"
 #include "common/transport/payload_channel.h"
 #include "student/data_source.h"
@@ -117,6 +118,9 @@ struct OnlineSourceOptions {
   // stream.sample_timeout bounds one sample across failovers (plus
   // teacher_grace, which it may spend waiting for a teacher to come back).
   TeacherStreamOptions stream;
+  // The clock of the grace, the reconnection backoff and the sample deadline
+  // (null: Env::Default()).
+  Env* clock = nullptr;
 };
 
 class OnlineSource final : public SampleSource {

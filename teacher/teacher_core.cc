@@ -269,7 +269,7 @@ void TeacherCore::Admit(const std::string& bearer_token, const std::string& peer
   // the others out. A peer past its limit of refusals still gets a token
   // the teacher knows at once; anything else it presents is refused
   // RESOURCE_EXHAUSTED at once and never waits.
-  absl::Status over_limit = peer_limiter_.Admit(host, absl::Now());
+  absl::Status over_limit = peer_limiter_.Admit(host, clock().Now());
   // The verdict may come at once (a known token) or later (a token the
   // teacher has not heard of yet). Only a later one counts against the
   // peer's limit of pending calls; a peer over it is refused at once and
@@ -290,7 +290,7 @@ void TeacherCore::Admit(const std::string& bearer_token, const std::string& peer
     }
     if (pending) peer_limiter_.RemovePending(host);
     if (!verdict.ok()) {
-      absl::Status limited = peer_limiter_.Refused(host, absl::Now());
+      absl::Status limited = peer_limiter_.Refused(host, clock().Now());
       if (!limited.ok()) verdict = std::move(limited);
     }
     done(std::move(verdict));
@@ -328,17 +328,18 @@ void TeacherCore::StartDraining() {
   for (auto& [raw, session] : sessions_) session->Drain();
 }
 
-bool TeacherCore::WaitUntilIdle(absl::Time deadline) {
+bool TeacherCore::WaitUntilIdle(absl::Duration timeout) {
+  const absl::Time deadline = clock().Now() + timeout;
   {
     absl::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sessions_.empty(); };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) return false;
+    if (!clock().AwaitWithDeadline(mu_, absl::Condition(&idle), deadline)) return false;
   }
   // Answers queued while draining end at once; one being decoded finishes.
   absl::MutexLock lock(&answers_mu_);
   auto answered = [this]()
                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(answers_mu_) { return answers_pending_ == 0; };
-  return answers_mu_.AwaitWithDeadline(absl::Condition(&answered), deadline);
+  return clock().AwaitWithDeadline(answers_mu_, absl::Condition(&answered), deadline);
 }
 
 // --- Answers ---------------------------------------------------------------------

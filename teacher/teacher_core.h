@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "common/peer_limiter.h"
 #include "common/transport/payload_channel.h"
 #include "specstream/v1/teacher.pb.h"
@@ -114,6 +115,8 @@ struct TeacherServiceOptions {
   // Per-peer limits on calls still being authorized and on refusals
   // (common/peer_limiter.h); apply only when `authorize` is set.
   PeerLimiterOptions peer_limits;
+  // The clock of those limits and of WaitUntilIdle (null: Env::Default()).
+  Env* clock = nullptr;
   // Answers (rpc Answer, an hf runtime on one rank): the ids that end one.
   // Empty: the model's eos ids. `serve` passes StopIds (teacher/
   // decode_target.h) with the model's tokenizer, as `dump --regenerate` and
@@ -185,8 +188,9 @@ class TeacherCore final {
   // New streams are refused UNAVAILABLE; each open stream drains
   // (StreamSession::Drain). Idempotent.
   void StartDraining();
-  // Blocks until no stream is open or `deadline`; true when none is.
-  bool WaitUntilIdle(absl::Time deadline);
+  // Blocks until no stream is open and no answer is pending, or for
+  // `timeout` on the options' clock; true when idle.
+  bool WaitUntilIdle(absl::Duration timeout);
   // Stops the compute thread after its current batch; samples still queued
   // are dropped. Call after every stream is done. Idempotent.
   void Stop();
@@ -228,6 +232,8 @@ class TeacherCore final {
   void AdvanceAnswers(TargetRuntime* runtime);
   // Hands an answer (or why it failed) to the waiters of `key` and keeps it.
   void FinishAnswer(const std::string& key, const absl::StatusOr<std::vector<int32_t>>& result);
+
+  Env& clock() const { return Env::Or(options_.clock); }
 
   const TeacherServiceOptions options_;
   v1::DescribeResponse description_;

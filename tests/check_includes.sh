@@ -4,7 +4,9 @@
 #   teacher/ and student/ never include each other;
 #   the core (teacher/, student/) has no gRPC; in common/ only common/grpc/;
 #   the CLI, the coordinator, the daemon helpers and the job schema never
-#   include LibTorch.
+#   include LibTorch;
+# and one rule of the clock: absl::Now() is called only in common/env.cc
+# (everything else takes the time from an Env, common/env.h).
 # Prints each violation (file:line, the include, the rule) and exits 1 when
 # there is one; exits 2 when ROOT lacks a folder a rule names. tests/lint.sh
 # runs it, and so does ctest (include_rules).
@@ -33,15 +35,19 @@ if [[ "${1:-}" == "--self-test" ]]; then
   plant services/coordinator/a.cc "torch/torch.h"
   plant common/jobspec/a.cc "torch/torch.h"
   planted=11
+  printf 'absl::Time t = absl::Now();\n' >"$scratch/teacher/clock.cc"
   mkdir -p "$scratch/services/daemon"  # every ruled folder exists
   # What is allowed stays quiet.
   plant common/grpc/ok.cc "grpcpp/grpcpp.h"
   plant services/teacher/ok.cc "teacher/teacher_core.h"
   plant student/ok.cc "common/transport/contract.h"
+  mkdir -p "$scratch/common" && printf 'absl::Time Now() { return absl::Now(); }\n' >"$scratch/common/env.cc"
   found=$("$0" "$scratch" 2>&1 | grep -c '^include rule:' || true)
-  if [[ "$found" != "$planted" ]]; then
+  clock=$("$0" "$scratch" 2>&1 | grep -c '^clock rule: teacher/clock.cc:1:' || true)
+  if [[ "$found" != "$planted" || "$clock" != 1 ]] || "$0" "$scratch" 2>&1 | grep -q 'common/env.cc'; then
     "$0" "$scratch" || true
-    echo "check_includes self-test: caught $found of $planted planted violations" >&2
+    echo "check_includes self-test: caught $found of $planted planted include violations" \
+      "and $clock of 1 clock violation" >&2
     exit 1
   fi
   # A root without the ruled folders (a wrong ROOT) fails rather than
@@ -53,8 +59,8 @@ if [[ "${1:-}" == "--self-test" ]]; then
     echo "check_includes self-test: a root without the ruled folders passed" >&2
     exit 1
   fi
-  echo "check_includes self-test: caught all $planted planted violations, nothing else," \
-    "and a wrong root"
+  echo "check_includes self-test: caught all $planted planted include violations, the clock" \
+    "violation, nothing else, and a wrong root"
   exit 0
 fi
 
@@ -93,12 +99,21 @@ for folder in services/cli services/coordinator services/daemon common/jobspec; 
   rule "$folder" "$torch" "$folder never includes LibTorch or the libraries that link it"
 done
 
+# The clock goes through Env: absl::Now() only in common/env.cc.
+while IFS= read -r hit; do
+  [[ "$hit" == common/env.cc:* ]] && continue
+  [[ "$hit" =~ ^[^:]+:[0-9]+:[[:space:]]*// ]] && continue  # a comment
+  echo "clock rule: $hit: absl::Now() is called only in common/env.cc; take an Env* (common/env.h)" >&2
+  violations=$((violations + 1))
+done < <(cd "$root" && grep -rnF --include='*.h' --include='*.cc' 'absl::Now()' \
+           common teacher student services 2>/dev/null || true)
+
 if ((missing > 0)); then
   echo "check_includes: $missing ruled folder(s) missing under $root; nothing was checked there" >&2
   exit 2
 fi
 if ((violations > 0)); then
-  echo "check_includes: $violations include(s) break the rules of DESIGN.md §2" >&2
+  echo "check_includes: $violations include(s) or clock call(s) break the rules" >&2
   exit 1
 fi
-echo "check_includes: include rules hold"
+echo "check_includes: include and clock rules hold"

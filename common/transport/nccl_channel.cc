@@ -1,6 +1,7 @@
 #include "common/transport/nccl_channel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -22,6 +23,16 @@ static_assert(kPayloadChannelIdBytes == NCCL_UNIQUE_ID_BYTES);
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Microseconds(50);
+
+// Waits on the GPU and the peer are timed on the monotonic clock: this
+// library links no common core (and so no Env, common/env.h), and a wall
+// clock set back must not stretch a timeout.
+using Deadline = std::chrono::steady_clock::time_point;
+Deadline DeadlineIn(absl::Duration d) {
+  if (d >= absl::Hours(24 * 365)) return Deadline::max();
+  return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(d);
+}
+bool Passed(Deadline deadline) { return std::chrono::steady_clock::now() >= deadline; }
 
 // One of the two pipeline slots: a pinned host buffer and a device buffer of
 // kPieceBytes, with events marking when the host<->device copy and the NCCL
@@ -80,7 +91,7 @@ struct NcclChannel::State {
 
   // The reason to stop waiting now, if any: NCCL's asynchronous error, the
   // stream's end, the deadline.
-  absl::Status Interrupted(absl::Time deadline, absl::string_view what) {
+  absl::Status Interrupted(Deadline deadline, absl::string_view what) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
     if (queried != ncclSuccess) state = queried;
@@ -90,7 +101,7 @@ struct NcclChannel::State {
     if (options.stopped && options.stopped()) {
       return absl::CancelledError(absl::StrCat("the stream ended while ", what));
     }
-    if (absl::Now() >= deadline) {
+    if (Passed(deadline)) {
       return absl::DeadlineExceededError(absl::StrCat("NCCL peer (rank ", 1 - options.rank,
                                                       ") did not finish ", what, " within ",
                                                       absl::FormatDuration(options.timeout)));
@@ -100,7 +111,7 @@ struct NcclChannel::State {
 
   // Waits until the communicator has no operation in progress (nonblocking
   // communicators return ncclInProgress from init and enqueue calls).
-  absl::Status Settle(absl::Time deadline, absl::string_view what) {
+  absl::Status Settle(Deadline deadline, absl::string_view what) {
     while (true) {
       ncclResult_t state = ncclInProgress;
       const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
@@ -116,13 +127,13 @@ struct NcclChannel::State {
   }
 
   // An NCCL enqueue call's result: fine, in progress (settle it), or failed.
-  absl::Status Enqueued(ncclResult_t result, absl::Time deadline, absl::string_view what) {
+  absl::Status Enqueued(ncclResult_t result, Deadline deadline, absl::string_view what) {
     if (result == ncclSuccess) return absl::OkStatus();
     if (result == ncclInProgress) return Settle(deadline, what);
     return Fail(NcclStatus(result, absl::StrCat(what).c_str(), __FILE__, __LINE__));
   }
 
-  absl::Status Wait(cudaEvent_t event, absl::Time deadline, absl::string_view what) {
+  absl::Status Wait(cudaEvent_t event, Deadline deadline, absl::string_view what) {
     while (true) {
       const cudaError_t done = cudaEventQuery(event);
       if (done == cudaSuccess) return absl::OkStatus();
@@ -168,7 +179,7 @@ struct NcclChannel::State {
       bool finalized = false;
       if (broken.ok()) {
         const ncclResult_t started = ncclCommFinalize(comm);
-        const absl::Time deadline = absl::Now() + std::min(options.timeout, kFinalizeTimeout);
+        const Deadline deadline = DeadlineIn(std::min(options.timeout, kFinalizeTimeout));
         while (started == ncclSuccess || started == ncclInProgress) {
           ncclResult_t state = ncclInProgress;
           if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
@@ -176,7 +187,7 @@ struct NcclChannel::State {
             finalized = true;
             break;
           }
-          if (state != ncclInProgress || absl::Now() >= deadline) break;
+          if (state != ncclInProgress || Passed(deadline)) break;
           absl::SleepFor(kPollInterval);
         }
       }
@@ -252,7 +263,7 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Join(absl::string_view
   std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // init and enqueue return at once; Settle polls with a deadline
-  const absl::Time deadline = absl::Now() + s.options.timeout;
+  const Deadline deadline = DeadlineIn(s.options.timeout);
   const ncclResult_t started = ncclCommInitRankConfig(&s.comm, 2, id, s.options.rank, &config);
   if (started != ncclSuccess && started != ncclInProgress) {
     s.comm = nullptr;
@@ -276,7 +287,7 @@ absl::Status NcclChannel::SendPieces(
     uint64_t size, const std::function<void(uint64_t offset, uint64_t n, char* dest)>& fill) {
   State& s = *state_;
   RETURN_IF_ERROR(s.UseDevice());
-  const absl::Time deadline = absl::Now() + s.options.timeout;
+  const Deadline deadline = DeadlineIn(s.options.timeout);
   const uint64_t pieces = (size + kPieceBytes - 1) / kPieceBytes;
   for (uint64_t i = 0; i < pieces; ++i) {
     Slot& slot = s.slots[i % 2];
@@ -311,7 +322,7 @@ absl::Status NcclChannel::Recv(char* dest, uint64_t size) {
 absl::Status NcclChannel::RecvPieces(char* dest, uint64_t size) {
   State& s = *state_;
   RETURN_IF_ERROR(s.UseDevice());
-  const absl::Time deadline = absl::Now() + s.options.timeout;
+  const Deadline deadline = DeadlineIn(s.options.timeout);
   const uint64_t pieces = (size + kPieceBytes - 1) / kPieceBytes;
   auto copy_out = [&](uint64_t i) -> absl::Status {
     Slot& slot = s.slots[i % 2];
@@ -360,7 +371,7 @@ absl::Status NcclChannel::RecvDevice(void* dest, uint64_t size) {
 absl::Status NcclChannel::DevicePieces(bool send, char* data, uint64_t size) {
   State& s = *state_;
   RETURN_IF_ERROR(s.UseDevice());
-  const absl::Time deadline = absl::Now() + s.options.timeout;
+  const Deadline deadline = DeadlineIn(s.options.timeout);
   const char* what = send ? "sending a payload piece" : "receiving a payload piece";
   // The same pieces as SendPieces/RecvPieces (the wire contract), posted in
   // order on the NCCL stream without staging.

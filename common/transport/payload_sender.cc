@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/env.h"
 #include "common/status.h"
 #include "common/transport/shm_ring.h"
 
@@ -93,16 +94,16 @@ class ShmSender final : public PayloadSender {
   // Space for one record, waiting in slices so that the end of the stream
   // interrupts the wait.
   absl::StatusOr<ShmRing::Reservation> Reserve(uint64_t n, const PayloadStream& stream) {
-    const absl::Time deadline = absl::Now() + space_timeout_;
+    const absl::Time deadline = Env::Default().Now() + space_timeout_;
     while (true) {
       if (stream.stopped()) return absl::CancelledError("the stream ended");
-      const absl::Duration left = deadline - absl::Now();
+      const absl::Duration left = deadline - Env::Default().Now();
       absl::StatusOr<ShmRing::Reservation> record =
           ring_->Reserve(n, std::max(absl::ZeroDuration(), std::min(left, kRingWaitSlice)));
       if (record.ok() || record.status().code() != absl::StatusCode::kDeadlineExceeded) {
         return record;
       }
-      if (absl::Now() >= deadline) {
+      if (Env::Default().Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrFormat(
             "shm ring %s: no room for a %d-byte record within %s; the student does not release "
             "records",

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/env.h"
 #include "common/file.h"
 #include "common/sigbus_guard.h"
 #include "common/status.h"
@@ -296,7 +297,7 @@ absl::StatusOr<ShmRing::Reservation> ShmRing::Reserve(uint64_t n, absl::Duration
   auto fits = [&] { return end - tail <= capacity_; };
 
   if (!fits()) {
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = Env::Default().Now() + timeout;
     // Each access to the header is guarded; the futex syscall needs no
     // guard (on a truncated page it fails with EFAULT, and the next
     // guarded load reports the loss).
@@ -315,7 +316,7 @@ absl::StatusOr<ShmRing::Reservation> ShmRing::Reserve(uint64_t n, absl::Duration
         tail = h->tail.load(std::memory_order_seq_cst);
       }));
       if (fits()) break;
-      const absl::Duration left = deadline - absl::Now();
+      const absl::Duration left = deadline - Env::Default().Now();
       if (left <= absl::ZeroDuration()) {
         RETURN_IF_ERROR(stop_waiting());
         return absl::DeadlineExceededError(absl::StrFormat(

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
+#include "common/env.h"
 #include "common/file.h"
 #include "common/grpc/auth.h"
 #include "common/grpc/channel_args.h"
@@ -36,6 +37,9 @@
 
 namespace specstream::services {
 namespace {
+
+// The commands' waits bound gRPC deadlines, which are on the real clock.
+absl::Time Now() { return Env::Default().Now(); }
 
 using v1::Job;
 using v1::JobEvent;
@@ -219,7 +223,7 @@ class JobClient final {
   // Unary calls: --timeout when set, else 30 s; never past the wait deadline.
   absl::Time RpcDeadline() const {
     absl::Duration limit = timeout_ == absl::InfiniteDuration() ? kDefaultRpcTimeout : timeout_;
-    return std::min(absl::Now() + limit, wait_deadline_);
+    return std::min(Now() + limit, wait_deadline_);
   }
 
   absl::StatusOr<Job> Submit(const v1::SubmitJobRequest& request) {
@@ -254,7 +258,7 @@ class JobClient final {
         stub_(v1::JobService::NewStub(channel)),
         timeout_(timeout),
         wait_deadline_(timeout == absl::InfiniteDuration() ? absl::InfiniteFuture()
-                                                           : absl::Now() + timeout) {}
+                                                           : Now() + timeout) {}
 
   template <typename Request, typename Response>
   absl::StatusOr<Response> Unary(absl::string_view what, const Request& request,
@@ -386,7 +390,7 @@ absl::Status TimedOut(const JobClient& client, const std::string& id, JobState l
 // kGiveUpAfter.
 absl::Status BackOff(JobClient& client, const absl::Status& error, absl::Time& unavailable_since,
                      Backoff& backoff, std::ostream& err) {
-  absl::Time now = absl::Now();
+  absl::Time now = Now();
   if (unavailable_since == absl::InfinitePast()) unavailable_since = now;
   if (now - unavailable_since > kGiveUpAfter) {
     return absl::UnavailableError(
@@ -408,10 +412,10 @@ absl::StatusOr<Job> GetWithRetry(JobClient& client, const std::string& id, JobSt
                                  absl::Time& unavailable_since, Backoff& backoff,
                                  std::ostream& err) {
   while (true) {
-    if (absl::Now() >= client.wait_deadline()) return TimedOut(client, id, last_state);
+    if (Now() >= client.wait_deadline()) return TimedOut(client, id, last_state);
     absl::StatusOr<Job> job = client.Get(id, /*wait_for_ready=*/true);
     if (job.ok()) return job;
-    const bool past_deadline = absl::Now() >= client.wait_deadline();
+    const bool past_deadline = Now() >= client.wait_deadline();
     if (job.status().code() == absl::StatusCode::kDeadlineExceeded && past_deadline) {
       return TimedOut(client, id, last_state);
     }
@@ -443,7 +447,7 @@ absl::StatusOr<Job> WatchUntilTerminal(JobClient& client, const Job& initial, Ev
   Backoff backoff = ControlPlaneBackoff();
   bool terminal_seen = false;
   while (!terminal_seen) {
-    if (absl::Now() >= client.wait_deadline()) return TimedOut(client, id, last_state);
+    if (Now() >= client.wait_deadline()) return TimedOut(client, id, last_state);
     grpc::ClientContext context;
     // The stream lives as long as the job; only --timeout bounds it.
     client.Prepare(context, client.wait_deadline());
@@ -481,11 +485,11 @@ absl::StatusOr<Job> WatchUntilTerminal(JobClient& client, const Job& initial, Ev
         printer.Finish();
         return job;
       }
-      absl::SleepFor(std::min(backoff.delay(), client.wait_deadline() - absl::Now()));
+      absl::SleepFor(std::min(backoff.delay(), client.wait_deadline() - Now()));
       continue;
     }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-        absl::Now() >= client.wait_deadline()) {
+        Now() >= client.wait_deadline()) {
       printer.Finish();
       return TimedOut(client, id, last_state);
     }
@@ -702,7 +706,7 @@ absl::Status RunList(const RemoteOptions& remote, int32_t limit, std::ostream& o
       jobs.mutable_jobs()->begin(), jobs.mutable_jobs()->end(),
       [](const Job& a, const Job& b) { return a.created_unix_ms() > b.created_unix_ms(); });
   if (remote.output == "json") return PrintJson(jobs, out);
-  out << FormatJobList(jobs, absl::ToUnixMillis(absl::Now()));
+  out << FormatJobList(jobs, absl::ToUnixMillis(Now()));
   out.flush();
   return absl::OkStatus();
 }

@@ -5,7 +5,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "common/file.h"
 #include "common/grpc/auth.h"
 #include "common/grpc/status.h"
@@ -20,18 +19,20 @@ namespace {
 // others out. A refused call counts against its peer, and past the limit is
 // answered RESOURCE_EXHAUSTED (saying when to retry) instead.
 template <typename Check>
-grpc::Status Limited(PeerLimiter& limiter, const grpc::ServerContext& context, Check check) {
+grpc::Status Limited(PeerLimiter& limiter, Env& clock, const grpc::ServerContext& context,
+                     Check check) {
   grpc::Status verdict = check();
   if (verdict.ok()) return verdict;
-  absl::Status limited = limiter.Refused(PeerLimiter::PeerHost(context.peer()), absl::Now());
+  absl::Status limited = limiter.Refused(PeerLimiter::PeerHost(context.peer()), clock.Now());
   return limited.ok() ? verdict : ToGrpcStatus(limited);
 }
 
 // A user's call: the user token, when there is one.
-grpc::Status CheckUser(PeerLimiter& limiter, const grpc::ServerContext& context,
-                       const std::string& user_token) {
-  if (user_token.empty()) return grpc::Status::OK;
-  return Limited(limiter, context, [&] { return CheckBearer(context, user_token); });
+grpc::Status CheckUser(PeerLimiter& limiter, const CoordinatorAuth& auth,
+                       const grpc::ServerContext& context) {
+  if (auth.user_token.empty()) return grpc::Status::OK;
+  return Limited(limiter, Env::Or(auth.clock), context,
+                 [&] { return CheckBearer(context, auth.user_token); });
 }
 
 // Fills `response` from a StatusOr, converting the error once.
@@ -95,13 +96,13 @@ absl::Status DaemonCredentials::Check(absl::string_view name, absl::string_view 
 }
 
 grpc::Status JobServiceImpl::Authenticate(const grpc::ServerContext& context) {
-  return CheckUser(*limiter_, context, auth_.user_token);
+  return CheckUser(*limiter_, auth_, context);
 }
 
 grpc::Status RegistryServiceImpl::AuthenticateDaemon(const grpc::ServerContext& context,
                                                      absl::string_view name) {
   if (auth_.daemons.empty()) return grpc::Status::OK;
-  return Limited(*limiter_, context, [&] {
+  return Limited(*limiter_, Env::Or(auth_.clock), context, [&] {
     return ToGrpcStatus(auth_.daemons.Check(name, BearerToken(context).value_or("")));
   });
 }
@@ -170,7 +171,7 @@ grpc::Status RegistryServiceImpl::ListDaemons(grpc::ServerContext* context,
                                               const v1::ListDaemonsRequest* /*request*/,
                                               v1::ListDaemonsResponse* response) {
   // Users list daemons; a daemon credential does not.
-  if (auto auth = CheckUser(*limiter_, *context, auth_.user_token); !auth.ok()) return auth;
+  if (auto auth = CheckUser(*limiter_, auth_, *context); !auth.ok()) return auth;
   for (auto& daemon : scheduler_->Daemons()) *response->add_daemons() = std::move(daemon);
   return grpc::Status::OK;
 }

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/env.h"
 #include "common/peer_limiter.h"
 #include "services/coordinator/scheduler.h"
 #include "specstream/v1/coordinator.grpc.pb.h"
@@ -57,6 +58,8 @@ struct CoordinatorAuth {
   // refused by one is limited by all; null: each service counts its own
   // (with default limits).
   std::shared_ptr<PeerLimiter> limiter;
+  // The limiter's clock (null: Env::Default()).
+  Env* clock = nullptr;
 };
 
 class JobServiceImpl final : public v1::JobService::Service {

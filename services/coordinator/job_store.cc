@@ -19,7 +19,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/file.h"
 #include "common/grpc/auth.h"
@@ -106,8 +105,6 @@ absl::Status JobNotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
 }
 
-int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
-
 // A repeated message field's per-element framing: one tag byte and a varint
 // length of at most 5 bytes (messages are under 2 GiB).
 constexpr size_t kRepeatedFieldOverhead = 6;
@@ -154,7 +151,7 @@ class Stmt final {
 }  // namespace
 
 struct JobStore::Impl {
-  explicit Impl(std::string path_in) : path(std::move(path_in)) {}
+  Impl(std::string path_in, Env& clock_in) : path(std::move(path_in)), clock(clock_in) {}
   ~Impl() {
     absl::MutexLock lock(&mu);
     for (auto& [sql, stmt] : statements) sqlite3_finalize(stmt);
@@ -168,6 +165,7 @@ struct JobStore::Impl {
   }
 
   const std::string path;
+  Env& clock;  // the events' times
   absl::Mutex mu;
   sqlite3* db ABSL_GUARDED_BY(mu) = nullptr;
   // Prepared once per SQL text, reused for the store's lifetime. A Stmt
@@ -258,7 +256,7 @@ struct JobStore::Impl {
   absl::Status InsertEvents(const std::vector<v1::JobEvent>& events,
                             std::vector<v1::JobEvent>* stored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::map<std::string, int64_t> next_seq;
-    const int64_t now = NowUnixMs();
+    const int64_t now = absl::ToUnixMillis(clock.Now());
     stored->clear();
     stored->reserve(events.size());
     for (const v1::JobEvent& original : events) {
@@ -372,7 +370,7 @@ JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 JobStore::~JobStore() = default;
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path, Env* clock) {
   // Owner-only before SQLite first opens it: the store holds job specs and
   // logs. SQLite gives its -wal and -shm files the database file's mode.
   {
@@ -392,7 +390,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
       SS_LOG_WARN("job store {}: was readable by others; now mode 0600", path);
     }
   }
-  auto impl = std::make_unique<Impl>(path);
+  auto impl = std::make_unique<Impl>(path, Env::Or(clock));
   absl::MutexLock lock(&impl->mu);
   // NOMUTEX: the connection is only used under impl->mu.
   const int rc =

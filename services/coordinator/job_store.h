@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "specstream/v1/coordinator.pb.h"
 
 namespace specstream::services {
@@ -28,7 +29,9 @@ class JobStore final {
  public:
   // Opens or creates the database at `path` (WAL, synchronous=NORMAL,
   // busy timeout), creating the schema when absent. Errors name the path.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  // Events are timed on `clock` (null: Env::Default()).
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                        Env* clock = nullptr);
   ~JobStore();
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;

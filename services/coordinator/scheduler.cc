@@ -654,7 +654,8 @@ absl::StatusOr<std::vector<v1::JobEvent>> Scheduler::WaitEvents(const std::strin
                                                                 int64_t after_seq,
                                                                 absl::Duration wait,
                                                                 bool* finished) {
-  const absl::Time deadline = absl::Now() + wait;
+  Env& clock = Env::Or(state_->options.env);
+  const absl::Time deadline = clock.Now() + wait;
   absl::MutexLock lock(&state_->mu);
   if (state_->active.count(id) == 0) RETURN_IF_ERROR(state_->options.store->Get(id).status());
   while (true) {
@@ -662,7 +663,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Scheduler::WaitEvents(const std::strin
                      state_->options.store->Events(id, after_seq, 1000));
     *finished = state_->active.count(id) == 0;
     if (!events.empty() || *finished) return events;
-    if (state_->events_changed.WaitWithDeadline(&state_->mu, deadline)) return events;
+    if (clock.WaitWithDeadline(state_->events_changed, state_->mu, deadline)) return events;
   }
 }
 

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/subprocess.h"
@@ -56,6 +57,7 @@ std::string SanitizeLine(std::string line) {
 
 struct RankProcess::Impl {
   RankProcessOptions options;
+  Env& clock() const { return Env::Or(options.clock); }
   pid_t pid = -1;
   int pidfd = -1;  // -1 when pidfd_open is unavailable: exits are polled
 
@@ -225,13 +227,14 @@ struct RankProcess::Impl {
   }
 
   void Loop() {
-    absl::Time next_metrics_poll = absl::Now();
+    absl::Time next_metrics_poll = clock().Now();
     while (true) {
       absl::Duration timeout = kTick;
       {
         absl::MutexLock lock(&mu);
         if (stop_requested && !killed) {
-          timeout = std::min(timeout, std::max(kill_deadline - absl::Now(), absl::ZeroDuration()));
+          timeout =
+              std::min(timeout, std::max(kill_deadline - clock().Now(), absl::ZeroDuration()));
         }
       }
       pollfd fds[3];
@@ -247,7 +250,7 @@ struct RankProcess::Impl {
       }
       ReadPipe(out_fd, 0);
       ReadPipe(err_fd, 1);
-      const absl::Time now = absl::Now();
+      const absl::Time now = clock().Now();
       if (now >= next_metrics_poll) {
         PollMetrics(false);
         next_metrics_poll = now + kMetricsPollInterval;
@@ -410,7 +413,7 @@ void RankProcess::Stop() {
   absl::MutexLock lock(&impl_->mu);
   if (impl_->exit_code.has_value() || impl_->stop_requested) return;
   impl_->stop_requested = true;
-  impl_->kill_deadline = absl::Now() + absl::Seconds(impl_->options.stop_grace_seconds);
+  impl_->kill_deadline = impl_->clock().Now() + absl::Seconds(impl_->options.stop_grace_seconds);
   SS_LOG_DEBUG("rank process {}: SIGTERM", impl_->pid);
   if (kill(-impl_->pid, SIGTERM) != 0) kill(impl_->pid, SIGTERM);
 }

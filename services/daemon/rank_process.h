@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/env.h"
 
 namespace specstream::services {
 
@@ -51,8 +52,11 @@ struct RankProcessOptions {
   size_t max_buffered_lines = 10000;
   // Longer lines are split.
   size_t max_line_bytes = 64 * 1024;
-  // Seconds between Stop's SIGTERM and SIGKILL.
+  // Seconds between Stop's SIGTERM and SIGKILL, on `clock`.
   double stop_grace_seconds = 30;
+  // The clock of the grace period and the metrics polls (null:
+  // Env::Default()). Output and exits are still watched in real time.
+  Env* clock = nullptr;
   // Non-empty: also write every stdout/stderr line to the daemon's stderr as
   // "<echo_prefix> <line>" (e.g. "[job-1 rank 0]").
   std::string echo_prefix;

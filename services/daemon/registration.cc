@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
 #include "common/grpc/auth.h"
@@ -51,7 +50,7 @@ struct Registration::Impl {
   bool Sleep(absl::Duration d) {
     absl::MutexLock lock(&mu);
     auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return stopping || poked; };
-    mu.AwaitWithTimeout(absl::Condition(&wake), d);
+    Env::Or(options.clock).AwaitWithTimeout(mu, absl::Condition(&wake), d);
     poked = false;
     return stopping;
   }
@@ -197,7 +196,7 @@ void Registration::Poke() {
   impl_->poked = true;
 }
 
-JobTokenSet::JobTokenSet() : timer_([this] { TimerLoop(); }) {}
+JobTokenSet::JobTokenSet(Env* clock) : clock_(Env::Or(clock)), timer_([this] { TimerLoop(); }) {}
 
 JobTokenSet::~JobTokenSet() { Close(); }
 
@@ -233,7 +232,7 @@ void JobTokenSet::Admit(const std::string& token, absl::Duration wait,
     absl::MutexLock lock(&mu_);
     if (closed_) return done(absl::UnavailableError("the teacher is shutting down"));
     if (std::find(hashes_.begin(), hashes_.end(), hash) == hashes_.end()) {
-      waiting_.push_back(Waiter{std::move(hash), absl::Now() + wait, std::move(done)});
+      waiting_.push_back(Waiter{std::move(hash), clock_.Now() + wait, std::move(done)});
       ++added_;
       if (poke_) poke_();
       return;
@@ -263,8 +262,8 @@ void JobTokenSet::TimerLoop() {
     const uint64_t seen = added_;
     auto changed = [this, seen]()
                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || added_ != seen; };
-    mu_.AwaitWithDeadline(absl::Condition(&changed), next);
-    const absl::Time now = absl::Now();
+    clock_.AwaitWithDeadline(mu_, absl::Condition(&changed), next);
+    const absl::Time now = clock_.Now();
     std::vector<Waiter> expired;
     std::vector<Waiter> still;
     for (Waiter& w : waiting_) (w.deadline <= now ? expired : still).push_back(std::move(w));
@@ -286,7 +285,9 @@ bool Registration::Drain(absl::Duration timeout) {
   auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(impl_->mu) {
     return impl_->drain_acknowledged || impl_->stopping;
   };
-  return impl_->mu.AwaitWithTimeout(absl::Condition(&done), timeout) && impl_->drain_acknowledged;
+  return Env::Or(impl_->options.clock)
+             .AwaitWithTimeout(impl_->mu, absl::Condition(&done), timeout) &&
+         impl_->drain_acknowledged;
 }
 
 std::string Registration::daemon_id() const {

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "common/grpc/auth.h"
 #include "specstream/v1/coordinator.pb.h"
 
@@ -38,6 +39,9 @@ struct RegistrationOptions {
   std::function<void(v1::HeartbeatRequest&)> fill_heartbeat;
   // Every heartbeat reply.
   std::function<void(const v1::HeartbeatResponse&)> on_reply;
+  // The clock of the backoff, the heartbeat interval and Drain's timeout
+  // (null: Env::Default()).
+  Env* clock = nullptr;
 };
 
 class Registration final {
@@ -74,7 +78,8 @@ class Registration final {
 // thread (Replace) or the set's own timer thread, never under its lock.
 class JobTokenSet final {
  public:
-  JobTokenSet();
+  // `clock` (null: Env::Default()) times the admissions' waits.
+  explicit JobTokenSet(Env* clock = nullptr);
   // Close().
   ~JobTokenSet();
   JobTokenSet(const JobTokenSet&) = delete;
@@ -101,6 +106,7 @@ class JobTokenSet final {
   };
   void TimerLoop();
 
+  Env& clock_;
   absl::Mutex mu_;
   std::vector<std::string> hashes_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiting_ ABSL_GUARDED_BY(mu_);

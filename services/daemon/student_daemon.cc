@@ -50,6 +50,8 @@ constexpr absl::Duration kLoopTick = absl::Milliseconds(100);
 constexpr absl::Duration kDrainTimeout = absl::Seconds(5);
 // Beyond the stop grace, how long Shutdown waits for SIGKILLed children.
 constexpr absl::Duration kKillSlack = absl::Seconds(3);
+// How often shutdown looks for exited ranks.
+constexpr absl::Duration kExitPoll = absl::Milliseconds(50);
 
 std::string RankKey(absl::string_view job_id, int attempt, int rank) {
   return absl::StrCat(job_id, "/", attempt, "/", rank);
@@ -370,6 +372,7 @@ struct StudentDaemon::Impl {
       // report rank 0's lines as its own.
       if (a.rank() == 0) process.metrics_jsonl = spec.metrics().jsonl();
       process.stop_grace_seconds = options.stop_grace_seconds;
+      process.clock = options.clock;
       if (options.echo_child_output) {
         process.echo_prefix = absl::StrCat("[", a.job_id(), " rank ", a.rank(), "]");
       }
@@ -530,6 +533,7 @@ absl::Status StudentDaemon::Run() {
   registration.tls = d.options.tls;
   registration.info = d.info;
   registration.rpc_timeout_seconds = d.options.rpc_timeout_seconds;
+  registration.clock = d.options.clock;
   registration.fill_register = [&d](v1::RegisterRequest& request) { d.FillRegister(request); };
   registration.fill_heartbeat = [&d](v1::HeartbeatRequest& request) { d.FillHeartbeat(request); };
   registration.on_reply = [&d](const v1::HeartbeatResponse& reply) { d.OnReply(reply); };
@@ -574,16 +578,17 @@ absl::Status StudentDaemon::Run() {
       if (entry->process != nullptr) entry->process->Stop();
     }
   }
+  Env& clock = Env::Or(d.options.clock);
   const absl::Time deadline =
-      absl::Now() + absl::Seconds(d.options.stop_grace_seconds) + kKillSlack;
+      clock.Now() + absl::Seconds(d.options.stop_grace_seconds) + kKillSlack;
   int running = 0;
   while (true) {
     {
       absl::MutexLock lock(&d.mu);
       running = d.RunningCount();
     }
-    if (running == 0 || absl::Now() >= deadline) break;
-    absl::SleepFor(absl::Milliseconds(50));
+    if (running == 0 || clock.Now() >= deadline) break;
+    absl::SleepFor(kExitPoll);  // the ranks exit in real time
   }
   if (running > 0) SS_LOG_WARN("{} rank process(es) still running at shutdown", running);
   d.registration.reset();

@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/env.h"
 #include "common/grpc/auth.h"
 
 namespace specstream::services {
@@ -65,6 +66,9 @@ struct StudentDaemonOptions {
   // Seconds a stopped rank gets between SIGTERM and SIGKILL (also how long
   // Shutdown waits for children).
   double stop_grace_seconds = 30;
+  // The clock of that grace, of the registration's backoff and heartbeats
+  // (null: Env::Default()).
+  Env* clock = nullptr;
   // Echo children's output lines to this process's stderr, prefixed with
   // "[<job> rank <r>]".
   bool echo_child_output = true;

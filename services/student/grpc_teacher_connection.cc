@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/env.h"
 #include "common/grpc/auth.h"
 #include "common/grpc/byte_buffer.h"
 #include "common/grpc/channel_args.h"
@@ -108,7 +109,7 @@ absl::StatusOr<StreamTransport> TransportFor(const std::string& address,
     }
     ShmRingOptions ring;
     ring.name = absl::StrCat(ShmRingPrefix(getpid()), options.rank, "-", options.stream_index, "-",
-                             absl::ToUnixNanos(absl::Now()) % 1000000007);
+                             absl::ToUnixNanos(Env::Default().Now()) % 1000000007);
     ring.capacity = options.shm_capacity;
     absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::Create(ring);
     if (!created.ok()) {
@@ -558,7 +559,7 @@ absl::StatusOr<v1::DescribeResponse> GrpcTeacherConnector::Describe(const std::s
                                                                     absl::Duration timeout) {
   v1::TeacherService::Stub stub(ChannelTo(address));
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context.set_deadline(absl::ToChronoTime(Env::Default().Now() + timeout));
   context.set_wait_for_ready(true);
   AddBearer(context, token_);
   v1::DescribeRequest request;
@@ -573,7 +574,7 @@ absl::StatusOr<std::vector<int32_t>> GrpcTeacherConnector::Answer(const std::str
                                                                   absl::Duration timeout) {
   v1::TeacherService::Stub stub(ChannelTo(address));
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context.set_deadline(absl::ToChronoTime(Env::Default().Now() + timeout));
   AddBearer(context, token_);
   v1::AnswerResponse response;
   const grpc::Status status = stub.Answer(&context, request, &response);

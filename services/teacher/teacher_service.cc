@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/env.h"
 #include "common/grpc/auth.h"
 #include "common/grpc/byte_buffer.h"
 #include "common/grpc/channel_args.h"
@@ -199,15 +200,16 @@ void TeacherServer::Shutdown(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
-  const absl::Time deadline = absl::Now() + timeout;
+  // gRPC's deadlines are on the real clock.
+  const absl::Time deadline = Env::Default().Now() + timeout;
   SetServing(*server_, false);
   core_->StartDraining();
-  if (!core_->WaitUntilIdle(deadline)) {
+  if (!core_->WaitUntilIdle(timeout)) {
     SS_LOG_WARN("teacher server: streams still open after {}; cancelling them",
                 absl::FormatDuration(timeout));
   }
   // Refuses new calls at once and cancels calls still open at the deadline.
-  server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
+  server_->Shutdown(absl::ToChronoTime(std::max(deadline, Env::Default().Now())));
   core_->Stop();
   const teacher::TeacherCore::Stats stats = core_->stats();
   SS_LOG_INFO("teacher server: shut down ({} stream(s), {} sample(s) sent, {} sample error(s))",

@@ -24,6 +24,7 @@
 #include "specstream/v1/coordinator.pb.h"
 #include "specstream/v1/teacher.grpc.pb.h"
 #include "teacher/queue_budget.h"
+#include "tests/testing/fake_env.h"
 #include "tests/testing/fake_target_runtime.h"
 #include "tests/testing/grpc_health.h"
 #include "tests/testing/testing.h"
@@ -140,7 +141,9 @@ TEST_F(HostileClientTest, AStandaloneTokenGuardsStreamsAndDescribe) {
 // health check and a real job's stream are answered at once meanwhile, and
 // past the per-peer limit of waiting calls the refusals are immediate.
 TEST_F(HostileClientTest, ABadTokenFloodStarvesNeitherDescribeNorHealth) {
-  services::JobTokenSet tokens;
+  // The admissions' 3 s waits end when the test moves this clock.
+  testing::FakeEnv clock;
+  services::JobTokenSet tokens(&clock);
   v1::HeartbeatResponse reply;
   reply.add_job_token_hashes(TokenHash(kToken));
   tokens.Replace(reply);
@@ -149,14 +152,23 @@ TEST_F(HostileClientTest, ABadTokenFloodStarvesNeitherDescribeNorHealth) {
   });
 
   std::vector<CallResult> flood(64);
+  std::atomic<int> answered{0};
   std::vector<std::thread> clients;
   for (int i = 0; i < 64; ++i) {
-    clients.emplace_back([&, i] { flood[i] = OpenStream(absl::StrCat("forged-", i)); });
+    clients.emplace_back([&, i] {
+      flood[i] = OpenStream(absl::StrCat("forged-", i));
+      ++answered;
+    });
   }
-  absl::SleepFor(absl::Milliseconds(300));  // the flood is in: its waits have begun
+  // The flood is in: all but the calls being authorized were refused, and
+  // those wait (the clock stands still).
+  ASSERT_TRUE(testing::WaitUntil([&] { return answered.load() == 48; }, absl::Seconds(30)))
+      << answered.load() << " of the flood answered";
   ExpectResponsive(kToken);
   EXPECT_EQ(OpenStream(kToken).code, grpc::StatusCode::OK)
       << "a running job's token is admitted at once, whatever else the peer has pending";
+  EXPECT_EQ(answered.load(), 48) << "the waiting calls wait for the clock";
+  clock.Advance(absl::Seconds(3));
   for (auto& client : clients) client.join();
   int unauthenticated = 0;
   int limited = 0;

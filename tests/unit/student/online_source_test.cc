@@ -5,14 +5,17 @@
 // is tested end to end by tests/integration/online_test.cc.
 #include "student/online_source.h"
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/fake_env.h"
 #include "tests/testing/fake_teacher_connection.h"
 #include "tests/testing/testing.h"
 
@@ -252,21 +255,55 @@ TEST_F(TeacherGraceTest, TheOnlyTeacherRestartedWithinTheGraceLosesNothingAndRep
   }
 }
 
+// The grace and the backoff run on a clock the test moves to each deadline
+// the source waits for: a minute of grace passes in no real time.
 TEST_F(TeacherGraceTest, PastTheGraceTheSampleFailsNamingTheGrace) {
   auto connector = std::make_shared<FakeTeacherConnector>(std::vector<std::string>{"a"});
-  auto source = OnlineSource::Open(GraceOptions(connector, absl::Milliseconds(300)));
+  testing::FakeEnv clock;
+  OnlineSourceOptions options = GraceOptions(connector, absl::Seconds(60));
+  options.reconnect_backoff = absl::Milliseconds(100);
+  options.reconnect_max_backoff = absl::Seconds(5);
+  options.clock = &clock;
+  auto source = OnlineSource::Open(options);
   ASSERT_TRUE(source.ok()) << source.status();
-  const absl::Time killed = absl::Now();
+  const absl::Time killed = clock.Now();
+  const absl::Time sample_deadline = killed + options.stream.sample_timeout + options.teacher_grace;
   connector->Kill("a");
-  auto sample = (*source)->Get(2);
-  const absl::Duration waited = absl::Now() - killed;
+  std::atomic<bool> done{false};
+  absl::StatusOr<TrainingSample> sample = absl::UnknownError("not yet");
+  std::thread getter([&] {
+    sample = (*source)->Get(2);
+    done = true;
+  });
+  int moves = 0;
+  absl::Time moved_to = killed;
+  while (!done.load()) {
+    // The reconnector waits for its next try or the grace's end, both before
+    // the sample's own deadline.
+    ASSERT_TRUE(testing::WaitUntil(
+        [&] {
+          const absl::Time next = clock.NextDeadline();
+          return done.load() || (next > moved_to && next < sample_deadline);
+        },
+        absl::Seconds(30)))
+        << "no wait after " << moved_to - killed << "; next deadline at "
+        << clock.NextDeadline() - killed << ", sample deadline at " << sample_deadline - killed;
+    if (done.load()) break;
+    moved_to = clock.NextDeadline();
+    clock.Advance(moved_to - clock.Now());
+    ASSERT_LT(++moves, 1000);
+  }
+  getter.join();
   EXPECT_EQ(sample.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(sample.status().message().find(
-                "every teacher is gone for more than data.teacher_grace_s = 0.3 s"),
+                "every teacher is gone for more than data.teacher_grace_s = 60 s"),
             std::string::npos)
       << sample.status();
-  EXPECT_GE(waited, absl::Milliseconds(250));  // it waited out the grace
-  EXPECT_GT(connector->describes("a"), 2);     // retrying meanwhile
+  EXPECT_EQ(clock.Now() - killed, absl::Seconds(60)) << "it waited out the grace, no more";
+  // Retried on the schedule meanwhile: 0.1 s doubling to 5 s, each +-20%,
+  // fits 14 to 20 tries in a minute (plus Open's Describe).
+  EXPECT_GE(connector->describes("a"), 1 + 13);
+  EXPECT_LE(connector->describes("a"), 1 + 21);
   // Later samples fail at once, the same way.
   connector->Restart("a");
   auto later = (*source)->Get(3);

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_env.h"
 #include "tests/testing/testing.h"
 
 namespace specstream::services {
@@ -199,22 +200,29 @@ TEST(RankProcessTest, StopReachesTheWholeProcessGroup) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
+// The grace runs on a clock the test moves: 30 s of it pass in no real time.
 TEST(RankProcessTest, KillsAChildIgnoringSigtermAfterTheGrace) {
-  RankProcessOptions options = Shell("trap '' TERM; echo ready; while :; do sleep 0.05; done");
-  options.stop_grace_seconds = 0.5;
+  RankProcessOptions options =
+      Shell("trap '' TERM; echo ready; while :; do echo tick; sleep 0.02; done");
+  options.stop_grace_seconds = 30;
+  testing::FakeEnv clock;
+  options.clock = &clock;
   auto process = RankProcess::Start(options);
   ASSERT_TRUE(process.ok()) << process.status();
   ASSERT_TRUE(AwaitLine(**process, "ready"));  // the trap is installed
   const absl::Time start = absl::Now();
   (*process)->Stop();
   (*process)->Stop();  // a second call changes nothing
-  // Not a wait: for 250 ms of the grace the child must still be there.
-  absl::SleepFor(absl::Milliseconds(250));
+  clock.Advance(absl::Seconds(29));
+  // Lines the monitor reads after the clock moved: a kill due at 29 s would
+  // have been sent on reading the first, and no second would come.
+  (*process)->TakeOutput();
+  ASSERT_TRUE(AwaitLine(**process, "tick"));
+  ASSERT_TRUE(AwaitLine(**process, "tick")) << "killed before the grace ended";
   EXPECT_FALSE((*process)->ExitCode().has_value()) << "SIGTERM should have been ignored";
+  clock.Advance(absl::Seconds(1));
   EXPECT_EQ(WaitExit(**process, absl::Seconds(5)), 137);
-  const absl::Duration took = absl::Now() - start;
-  EXPECT_GE(took, absl::Milliseconds(450));
-  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "the grace is on the test's clock";
 }
 
 TEST(RankProcessTest, EnvOverridesReplaceInheritedValues) {
