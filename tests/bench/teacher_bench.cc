@@ -28,6 +28,13 @@
 // forward's must. Without torch on --python the columns are skipped, and
 // under CI=true that fails. The P23 goals are asserted in both dtypes:
 // compute >= 1.0 and end to end >= 0.9 of Python eager's.
+//   serve     `serve` as a student meets it (P23 item 3): a TeacherServer
+//             over the same runtime on loopback gRPC, inline payloads in
+//             the dtype, and an OnlineSource asking for one sequence at a
+//             time (one credit; each asked for once the one before arrived
+//             and was acknowledged): tokens/s per request, from asking to
+//             holding the decoded sample, against Python's compute;
+//             asserted >= 0.9, as end to end is.
 //
 // Then the same runtime answering prompts (data.regenerate): one at a
 // time against --answer-batch of them decoded together in batched steps;
@@ -61,6 +68,9 @@
 #include "common/torch/compat.h"
 #include "common/torch/tensor_util.h"
 #include "nlohmann/json.hpp"
+#include "services/student/grpc_teacher_connection.h"
+#include "services/teacher/teacher_service.h"
+#include "student/online_source.h"
 #include "teacher/decode_target.h"
 #include "teacher/dump.h"
 #include "teacher/hf_runtime.h"
@@ -296,6 +306,76 @@ torch::Tensor ReadRaw(const std::string& path, torch::Dtype dtype,
 
 }  // namespace
 
+// `serve` as a student sees it: a TeacherServer over `runtime` (in-process,
+// gRPC on loopback, inline payloads in `dtype`) and an online source asking
+// for the sequences of `data` one request at a time (one credit; each asked
+// for once the one before arrived and was acknowledged). Returns the best of
+// `reps` rounds' tokens/s per request (from asking to holding the decoded
+// sample; a warm-up round first), or -1 after printing why.
+double ServePerRequest(specstream::teacher::HfRuntime& runtime, const std::string& data,
+                       const char* dtype, int reps) {
+  specstream::services::TeacherServerOptions server_options;
+  server_options.service.payload_dtype = dtype;
+  server_options.service.keep_target_ids = true;
+  auto server = specstream::services::TeacherServer::Start(runtime, server_options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "serve: %s\n", server.status().ToString().c_str());
+    return -1;
+  }
+  // Each round asks for its own copies of the sequences: a source delivers
+  // a sample once.
+  const std::string rounds = data + ".rounds";
+  int64_t n = 0;
+  {
+    std::ifstream in(data);
+    const std::string lines((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream out(rounds);
+    for (int r = 0; r <= reps; ++r) out << lines;
+    for (char c : lines) n += c == '\n';
+  }
+  specstream::student::OnlineSourceOptions options;
+  options.data = rounds;
+  options.teachers = {(*server)->address()};
+  options.connector = std::make_shared<specstream::services::GrpcTeacherConnector>();
+  options.in_flight = 1;
+  double best = -1;
+  {
+    auto source = specstream::student::OnlineSource::Open(options);
+    if (!source.ok()) {
+      std::fprintf(stderr, "serve: %s\n", source.status().ToString().c_str());
+      (*server)->Shutdown(absl::Seconds(5));
+      return -1;
+    }
+    for (int r = 0; r <= reps; ++r) {  // round 0 warms up
+      double seconds = 0, tokens = 0;
+      for (int64_t i = r * n; i < (r + 1) * n; ++i) {
+        constexpr int64_t kAll = std::numeric_limits<int64_t>::max();
+        const auto start = Clock::now();
+        (*source)->Prefetch({i}, specstream::student::RowRange{0, kAll, kAll});
+        auto sample = (*source)->Get(i);
+        seconds += Seconds(start, Clock::now());
+        if (!sample.ok()) {
+          std::fprintf(stderr, "serve: %s\n", sample.status().ToString().c_str());
+          best = -1;
+          r = reps;
+          break;
+        }
+        tokens += static_cast<double>(sample->length);
+        // The acknowledgement returns the stream's one credit.
+        if (absl::Status s = (*source)->Commit(i + 1, {i}); !s.ok()) {
+          std::fprintf(stderr, "serve: %s\n", s.ToString().c_str());
+          best = -1;
+          r = reps;
+          break;
+        }
+      }
+      if (r > 0 && tokens > 0) best = std::max(best, tokens / seconds);
+    }
+  }
+  (*server)->Shutdown(absl::Seconds(5));
+  return best;
+}
+
 // Ours against tests/bench/eager_llama.py (see the top) on the checkpoint
 // at `dir`: `sequences` of `first`'s length, the first of them `first`.
 // False when the Python forward fails or disagrees with the runtime, or
@@ -404,6 +484,15 @@ bool BenchPythonEager(specstream::teacher::HfRuntime& runtime, const std::string
       dtype, py->torch.c_str(), py->threads, sequences, first.size(), tokens / py->compute_s,
       tokens / compute, py->compute_s / compute, tokens / py->end_to_end_s, tokens / end_to_end,
       py->end_to_end_s / end_to_end);
+  // P23 item 3: serve's tokens/s per request against Python's compute.
+  const double serve = ServePerRequest(**loaded, work + "/data.jsonl", dtype, reps);
+  if (serve > 0) {
+    std::printf("%-9s serve, one request at a time: %.0f tok/s per request (vs py compute x%.2f)\n",
+                dtype, serve, serve / (tokens / py->compute_s));
+  } else {
+    std::printf("teacher_bench: FAIL %s serve did not answer\n", dtype);
+    ok = false;
+  }
   std::filesystem::remove_all(work);
   // The P23 goals, in either dtype.
   const double vs_py = py->compute_s / compute, e2e_vs_py = py->end_to_end_s / end_to_end;
@@ -415,6 +504,11 @@ bool BenchPythonEager(specstream::teacher::HfRuntime& runtime, const std::string
   if (e2e_vs_py < 0.9) {
     std::printf("teacher_bench: FAIL %s end to end x%.2f of Python eager's (goal >= 0.9)\n", dtype,
                 e2e_vs_py);
+    ok = false;
+  }
+  if (serve > 0 && serve < 0.9 * tokens / py->compute_s) {
+    std::printf("teacher_bench: FAIL %s serve x%.2f of Python eager's compute (goal >= 0.9)\n",
+                dtype, serve / (tokens / py->compute_s));
     ok = false;
   }
   return ok;
