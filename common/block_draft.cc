@@ -14,7 +14,6 @@
 namespace specstream {
 namespace {
 
-constexpr char kLayerIdsField[] = "model.draft.target_layer_ids";
 constexpr char kMaskField[] = "model.draft.mask_token_id";
 
 absl::Status MaskError(absl::string_view reason) {
@@ -47,43 +46,6 @@ absl::StatusOr<std::optional<std::string>> ConfiguredMaskToken(const std::string
 }
 
 }  // namespace
-
-absl::StatusOr<std::vector<int64_t>> DefaultBlockTargetLayerIds(int64_t num_draft_layers,
-                                                                int64_t num_target_layers) {
-  const int64_t n = num_draft_layers;
-  const int64_t layers = num_target_layers;
-  if (n < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kLayerIdsField, ": no default for ", n, " draft layers (need >= 1)"));
-  }
-  if (layers < 1 || layers > kMaxBlockTargetLayers) {
-    return absl::InvalidArgumentError(absl::StrCat(kLayerIdsField, ": no default for a target of ",
-                                                   layers, " layers (need 1 to ",
-                                                   kMaxBlockTargetLayers, ")"));
-  }
-  if (n == 1) return std::vector<int64_t>{layers / 2};
-  // n ids in [1, L − 3] are distinct only if that range holds n layers: with
-  // a spacing (L − 4)/(n − 1) >= 1 no two round to the same integer.
-  if (n > layers - 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kLayerIdsField, ": cannot default ", n, " distinct ids evenly spaced in [1, L - 3] for a ",
-        "target of L = ", layers, " layers (needs L >= ", n + 3, "); set ", kLayerIdsField));
-  }
-  // round(1 + i·span/d), exact halves to even (Python's round), in integers:
-  // i·span <= (L − 4)² stays far inside int64 for L <= kMaxBlockTargetLayers.
-  const int64_t span = layers - 4;
-  const int64_t d = n - 1;
-  std::vector<int64_t> ids;
-  ids.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t quotient = i * span / d;
-    const int64_t twice_remainder = 2 * (i * span % d);
-    int64_t id = 1 + quotient;
-    if (twice_remainder > d || (twice_remainder == d && id % 2 == 1)) ++id;
-    ids.push_back(id);
-  }
-  return ids;
-}
 
 absl::StatusOr<int64_t> ResolveMaskTokenId(std::optional<int64_t> field,
                                            const std::string& target_dir, int64_t embedding_rows) {

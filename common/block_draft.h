@@ -1,17 +1,10 @@
 // Block-parallel drafts (DFlash, DSpark; DESIGN §10): the two values a job
 // spec may leave unset (model.draft.target_layer_ids, model.draft.mask_token_id)
-// and that the student resolves at start, once it knows the target.
+// and that the student resolves at start, once it knows the target. The
+// default target layers are a capture-layer rule (common/capture_layers.h,
+// DefaultBlockTargetLayerIds).
 //
 // Contract:
-//   * DefaultBlockTargetLayerIds(n, L) is the public DFlash rule
-//     (`build_target_layer_ids` in z-lab dflash, SpecForge
-//     `modeling/draft/dflash.py`, SGLang): one draft layer reads the middle
-//     target layer, `[L / 2]`; n >= 2 read n ids evenly spaced from 1 to
-//     L - 3 inclusive, `round(1 + i·(L − 4)/(n − 1))` for i in 0..n−1. Python's
-//     round() sends exact halves to the even integer (13 layers, 3 draft
-//     layers: 1 + 4.5 = 5.5 -> 6; 15 layers: 6.5 -> 6), and so does this
-//     (in integer arithmetic, so no float rounding can differ). Id k is the
-//     output of target layer k.
 //   * ResolveMaskTokenId picks the token id a block's masked slots hold, in
 //     this order: the spec's field; the tokenizer's mask token; the first
 //     embedding row past the tokenizer's vocabulary (SpecForge's "unused
@@ -31,19 +24,6 @@
 #include "absl/status/statusor.h"
 
 namespace specstream {
-
-// Layer counts past this are refused (they would be no model, and the
-// integer arithmetic stays far from overflow).
-inline constexpr int64_t kMaxBlockTargetLayers = int64_t{1} << 20;
-
-// The default target layers for `num_draft_layers` draft layers over a
-// target of `num_target_layers` layers (the rule above). Ascending and
-// distinct. InvalidArgument naming model.draft.target_layer_ids when
-// num_draft_layers < 1, num_target_layers < 1 or > kMaxBlockTargetLayers,
-// or (n >= 2) when n > L − 3: fewer than n layers lie in [1, L − 3], so the
-// ids could not be distinct.
-absl::StatusOr<std::vector<int64_t>> DefaultBlockTargetLayerIds(int64_t num_draft_layers,
-                                                                int64_t num_target_layers);
 
 // SGLang's default DFlash mask token (`DEFAULT_DFLASH_MASK_TOKEN`).
 inline constexpr char kSglangDflashMaskToken[] = "<|MASK|>";

@@ -698,33 +698,4 @@ std::string HfConfigToJson(const HfModelConfig& c) {
   return j.dump(2) + "\n";
 }
 
-absl::StatusOr<std::vector<int>> DefaultEagle3CaptureLayers(int num_layers) {
-  if (num_layers < 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the default EAGLE-3 capture layers {1, L/2-1, L-4} need at least 8 decoder layers, the "
-        "model has ",
-        num_layers, "; name the capture layer ids explicitly"));
-  }
-  return std::vector<int>{1, num_layers / 2 - 1, num_layers - 4};
-}
-
-absl::Status ValidateEagle3CaptureLayers(const std::vector<int64_t>& ids, int64_t num_layers) {
-  if (ids.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat("need exactly 3 capture ids, got ", ids.size(),
-                                                   " ([", absl::StrJoin(ids, ", "), "])"));
-  }
-  for (size_t k = 0; k < ids.size(); ++k) {
-    if (ids[k] < 0 || (k > 0 && ids[k] <= ids[k - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat("must be distinct, ascending and >= 0, got [",
-                                                     absl::StrJoin(ids, ", "), "]"));
-    }
-    if (num_layers > 0 && ids[k] >= num_layers - 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("id ", ids[k], " is not below target layers - 1 (", num_layers - 1,
-                       "): the servers capture at the input of layer id + 1"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace specstream

@@ -130,18 +130,6 @@ std::string HfConfigToJson(const HfModelConfig& config);
 // Same checks ParseHfConfig runs after parsing (for configs built in code).
 absl::Status ValidateHfConfig(const HfModelConfig& config);
 
-// EAGLE-3's default capture layers (0-indexed decoder layer outputs):
-// {1, L/2 - 1, L - 4}. InvalidArgument below 8 layers, where the ids collide
-// or fall out of range; such models must name their capture ids explicitly.
-absl::StatusOr<std::vector<int>> DefaultEagle3CaptureLayers(int num_layers);
-
-// Whether an EAGLE-3 draft trained on these capture ids can be served:
-// exactly three (SGLang's and vLLM's loaders size fc for three), distinct
-// and ascending, and each below num_layers - 1 (the servers capture at the
-// input of layer id + 1). InvalidArgument with the reason otherwise;
-// num_layers <= 0 skips the last check.
-absl::Status ValidateEagle3CaptureLayers(const std::vector<int64_t>& ids, int64_t num_layers);
-
 }  // namespace specstream
 
 #endif  // SPECSTREAM_COMMON_HF_CONFIG_H_

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "nlohmann/json.hpp"
 
 namespace specstream {
@@ -30,7 +31,7 @@ struct ModelContract {
   int64_t num_layers = 0;
   // Decoder layers whose outputs are concatenated in aux_hidden, in order
   // (SGLang convention: id k = output of layer k), each in [0, num_layers).
-  std::vector<int> capture_layer_ids;
+  CaptureLayerIds capture_layer_ids;
 
   // The JSON above ("runtime" only when stated).
   nlohmann::json ToJson() const;

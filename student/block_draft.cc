@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/block_draft.h"
+#include "common/capture_layers.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "common/torch/process_group.h"
@@ -123,7 +124,9 @@ absl::StatusOr<BlockDraftOptions> BlockDraftOptionsFromJson(const nlohmann::json
     key = "mask_token_id";
     o.mask_token_id = j.at(key).get<int64_t>();
     key = "target_layer_ids";
-    o.target_layer_ids = j.at(key).get<std::vector<int64_t>>();
+    ASSIGN_OR_RETURN(o.target_layer_ids,
+                     NarrowCaptureLayerIds(j.at(key).get<std::vector<int64_t>>(),
+                                           "block_draft.target_layer_ids"));
     key = "loss_decay_gamma";
     o.loss_decay_gamma = j.at(key).get<double>();
     key = "markov_rank";
@@ -141,20 +144,6 @@ absl::StatusOr<BlockDraftOptions> BlockDraftOptionsFromJson(const nlohmann::json
     return absl::InvalidArgumentError(absl::StrCat("block_draft.", key, ": ", e.what()));
   }
   return o;
-}
-
-absl::StatusOr<std::vector<int64_t>> BlockTargetLayerIds(const std::vector<int64_t>& configured,
-                                                         int64_t num_layers,
-                                                         int64_t target_layers) {
-  if (configured.empty()) return DefaultBlockTargetLayerIds(num_layers, target_layers);
-  for (int64_t id : configured) {
-    if (id < 0 || id >= target_layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.draft.target_layer_ids: ", id, " is not a layer of the target (",
-                       target_layers, " layers, ids 0..", target_layers - 1, ")"));
-    }
-  }
-  return configured;
 }
 
 double CalibrationError(const double* bins, int64_t num_bins) {

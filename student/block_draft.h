@@ -52,6 +52,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/torch/blocks.h"
 #include "common/torch/compat.h"
 #include "nlohmann/json.hpp"
@@ -70,7 +71,7 @@ struct BlockDraftOptions {
   int64_t block_size = 16;
   int64_t num_anchors = 512;
   int64_t mask_token_id = 0;
-  std::vector<int64_t> target_layer_ids;  // the captures fc reads, in order
+  CaptureLayerIds target_layer_ids;  // the captures fc reads, in order
   double loss_decay_gamma = 7;
   // DSpark only.
   int64_t markov_rank = 256;
@@ -91,13 +92,6 @@ nlohmann::json BlockDraftOptionsJson(const BlockDraftOptions& options);
 absl::StatusOr<BlockDraftOptions> BlockDraftOptionsFromJson(const nlohmann::json& json);
 // "dflash" / "dspark" -> the kind; InvalidArgument naming model.draft.type otherwise.
 absl::StatusOr<BlockDraftKind> BlockDraftKindFromName(const std::string& name);
-
-// The target layers a block draft reads: `configured` when set (each must
-// be a layer of the target: < target_layers), else the default for
-// `num_layers` draft layers (common/block_draft.h). Errors name
-// model.draft.target_layer_ids.
-absl::StatusOr<std::vector<int64_t>> BlockTargetLayerIds(const std::vector<int64_t>& configured,
-                                                         int64_t num_layers, int64_t target_layers);
 
 // One step's anchors for a batch, on the host: anchors[b, j] is block j's
 // anchor position in sample b (ascending over the kept blocks); rows with

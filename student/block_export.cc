@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/capture_layers.h"
 #include "common/dtype.h"
 #include "common/file.h"
 #include "common/logging.h"
@@ -319,7 +320,9 @@ absl::StatusOr<BlockExport> ReadBlockExport(const std::string& dir) {
     o.num_layers = c.num_hidden_layers;
     o.block_size = read("block_size").get<int64_t>();
     o.mask_token_id = read("mask_token_id").get<int64_t>();
-    o.target_layer_ids = read("target_layer_ids").get<std::vector<int64_t>>();
+    ASSIGN_OR_RETURN(o.target_layer_ids,
+                     NarrowCaptureLayerIds(read("target_layer_ids").get<std::vector<int64_t>>(),
+                                           "target_layer_ids"));
     out.num_target_layers = read("num_target_layers").get<int64_t>();
     if (!dflash) {
       key = "markov_head_type";

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/block_draft.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 #include "common/status.h"
 #include "common/torch/tensor_util.h"
@@ -48,10 +49,7 @@ class BlockPlugin final : public TrainableDraft {
                         absl::StrJoin(o.target_layer_ids, ", "), "], block ", o.block_size, ", ",
                         o.num_anchors, " anchors, mask token ", o.mask_token_id);
   }
-  std::vector<int> capture_layer_ids() const override {
-    const std::vector<int64_t>& ids = draft_->options().target_layer_ids;
-    return std::vector<int>(ids.begin(), ids.end());
-  }
+  CaptureLayerIds capture_layer_ids() const override { return draft_->options().target_layer_ids; }
   const NamedTensors& parameters() const override { return draft_->parameters(); }
   torch::Device device() const override { return draft_->device(); }
   // The context and teacher states are gathered over the CP group, and the
@@ -167,7 +165,8 @@ absl::Status Configure(BlockDraftKind kind, const v1::DraftSpec& draft, TrainerC
   b.num_layers = draft.num_layers();
   b.block_size = draft.block_size();
   b.num_anchors = draft.num_anchors();
-  b.target_layer_ids.assign(draft.target_layer_ids().begin(), draft.target_layer_ids().end());
+  ASSIGN_OR_RETURN(b.target_layer_ids,
+                   NarrowCaptureLayerIds(draft.target_layer_ids(), "model.draft.target_layer_ids"));
   if (draft.has_mask_token_id()) c->mask_token_id = draft.mask_token_id();
   b.loss_decay_gamma = draft.loss_decay_gamma();
   if (kind == BlockDraftKind::kDSpark) {
@@ -181,13 +180,10 @@ absl::Status Configure(BlockDraftKind kind, const v1::DraftSpec& draft, TrainerC
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int>> CaptureLayers(const TrainerConfig& c,
-                                               const HfModelConfig& target) {
+absl::StatusOr<CaptureLayerIds> CaptureLayers(const TrainerConfig& c, const HfModelConfig& target) {
   // A block draft asks each teacher for exactly the layers it reads.
-  ASSIGN_OR_RETURN(std::vector<int64_t> layers,
-                   BlockTargetLayerIds(c.block.target_layer_ids, c.block.num_layers,
-                                       target.num_hidden_layers));
-  return std::vector<int>(layers.begin(), layers.end());
+  return BlockTargetLayerIds(c.block.target_layer_ids, c.block.num_layers,
+                             target.num_hidden_layers);
 }
 
 absl::StatusOr<std::unique_ptr<TrainableDraft>> Create(BlockDraftKind kind,
@@ -197,9 +193,8 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> Create(BlockDraftKind kind,
   o.kind = kind;
   ASSIGN_OR_RETURN(o.target_layer_ids, BlockTargetLayerIds(o.target_layer_ids, o.num_layers,
                                                            ctx.target.num_hidden_layers));
-  const std::vector<int>& capture = ctx.source.model().capture_layer_ids;
-  const std::vector<int64_t> served(capture.begin(), capture.end());
-  if (served != o.target_layer_ids) {
+  const CaptureLayerIds& capture = ctx.source.model().capture_layer_ids;
+  if (capture != o.target_layer_ids) {
     return absl::FailedPreconditionError(absl::StrCat(
         "model.draft.target_layer_ids: the ", BlockDraftKindName(kind), " draft reads layers [",
         absl::StrJoin(o.target_layer_ids, ", "), "] but ", ctx.source_name, " captures [",

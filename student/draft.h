@@ -34,6 +34,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 #include "common/torch/compat.h"
 #include "common/torch/speculative.h"
@@ -90,7 +91,7 @@ class TrainableDraft {
   // A one-line description for the log.
   virtual std::string Describe() const = 0;
   // The target layers the draft reads, in order (SGLang ids).
-  virtual std::vector<int> capture_layer_ids() const = 0;
+  virtual CaptureLayerIds capture_layer_ids() const = 0;
   // Trainable tensors by export name, in a fixed order.
   virtual const NamedTensors& parameters() const = 0;
   virtual torch::Device device() const = 0;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/block_draft.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 #include "common/jobspec/job_spec.h"
 #include "common/logging.h"
@@ -83,7 +84,7 @@ class Eagle3Plugin final : public TrainableDraft {
  public:
   // `cod`: P-EAGLE's (a draft with parallel_drafting); its depths are
   // `ttt_steps`.
-  Eagle3Plugin(std::unique_ptr<Eagle3Draft> draft, int ttt_steps, std::vector<int> captures,
+  Eagle3Plugin(std::unique_ptr<Eagle3Draft> draft, int ttt_steps, CaptureLayerIds captures,
                std::string target_dir, CodOptions cod = {})
       : draft_(std::move(draft)),
         ttt_steps_(ttt_steps),
@@ -117,7 +118,7 @@ class Eagle3Plugin final : public TrainableDraft {
                         ", draft vocab ", draft_->shape().draft_vocab_size, ", K=", ttt_steps_,
                         ", captures [", absl::StrJoin(captures_, ", "), "]");
   }
-  std::vector<int> capture_layer_ids() const override { return captures_; }
+  CaptureLayerIds capture_layer_ids() const override { return captures_; }
   const NamedTensors& parameters() const override { return draft_->parameters(); }
   torch::Device device() const override { return draft_->device(); }
   int64_t halo_rows() const override { return ttt_steps_; }
@@ -234,7 +235,7 @@ class Eagle3Plugin final : public TrainableDraft {
 
   std::unique_ptr<Eagle3Draft> draft_;
   int ttt_steps_;
-  std::vector<int> captures_;
+  CaptureLayerIds captures_;
   std::string target_dir_;
   CodOptions cod_;
 };
@@ -260,11 +261,10 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> CreateEagle3(const DraftContext&
   const TrainerConfig& c = ctx.config;
   const HfModelConfig& target = ctx.target;
   if (c.ttt_steps < 1) return absl::InvalidArgumentError("training.ttt_steps must be >= 1");
-  const std::vector<int>& capture = ctx.source.model().capture_layer_ids;
+  const CaptureLayerIds& capture = ctx.source.model().capture_layer_ids;
   // A draft over captures the servers cannot use would only fail at
   // export, after the whole run.
-  if (absl::Status valid = ValidateEagle3CaptureLayers(
-          std::vector<int64_t>(capture.begin(), capture.end()), target.num_hidden_layers);
+  if (absl::Status valid = ValidateEagle3CaptureLayers(capture, target.num_hidden_layers);
       !valid.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(ctx.source_name, " captures layers [", absl::StrJoin(capture, ", "),
@@ -343,7 +343,7 @@ absl::StatusOr<std::unique_ptr<Eagle3Draft>> BuildDraft(
 
 absl::StatusOr<std::unique_ptr<TrainableDraft>> RestoreEagle3(const RestoreInput& in) {
   std::unique_ptr<Eagle3Draft> draft;
-  std::vector<int> captures;
+  CaptureLayerIds captures;
   int k = in.ttt_steps;
   CodOptions cod;
   if (in.is_export) {
@@ -367,7 +367,7 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> RestoreEagle3(const RestoreInput
     options.mask_token_id = c.mask_token_id;
     ASSIGN_OR_RETURN(draft, BuildDraft(shape, options, in.target_dir, exported.tensors,
                                        in.need_full_lm_head, in.what));
-    captures.assign(c.aux_layer_ids.begin(), c.aux_layer_ids.end());
+    captures = c.aux_layer_ids;
     cod.ratio = c.down_sample_ratio;
     cod.ratio_min = c.down_sample_ratio_min;
     if (k <= 0 && c.num_depths > 0) k = static_cast<int>(c.num_depths);
@@ -378,7 +378,7 @@ absl::StatusOr<std::unique_ptr<TrainableDraft>> RestoreEagle3(const RestoreInput
     if (!in.state.contains("capture_layer_ids")) {
       return absl::InvalidArgumentError(in.what + ": state.json lacks capture_layer_ids");
     }
-    captures = in.state["capture_layer_ids"].get<std::vector<int>>();
+    captures = in.state["capture_layer_ids"].get<CaptureLayerIds>();
     if (k <= 0) k = in.state.value("ttt_steps", kDefaultTttSteps);
     cod = CodFromJson(in.state.value("peagle", nlohmann::json()), k);
   }
@@ -428,7 +428,7 @@ DraftType PeagleDraftType() {
 
 absl::StatusOr<ExportInput> DraftExportInput(const Eagle3Draft& draft,
                                              const std::string& target_dir,
-                                             const std::vector<int>& capture_layer_ids) {
+                                             const CaptureLayerIds& capture_layer_ids) {
   ASSIGN_OR_RETURN(HfModelConfig target, LoadHfConfig(target_dir));
   ExportInput in;
   ASSIGN_OR_RETURN(in.config, ExportConfigFromTarget(target));
@@ -441,7 +441,7 @@ absl::StatusOr<ExportInput> DraftExportInput(const Eagle3Draft& draft,
   in.config.draft_vocab_size = s.draft_vocab_size;
   in.config.vocab_size = s.target_vocab_size;
   in.config.target_hidden_size = s.target_hidden_size == s.hidden_size ? 0 : s.target_hidden_size;
-  in.config.aux_layer_ids.assign(capture_layer_ids.begin(), capture_layer_ids.end());
+  in.config.aux_layer_ids = capture_layer_ids;
   in.config.target_num_hidden_layers = target.num_hidden_layers;
   in.config.fc_norm = draft.options().fc_norm;
   in.config.norm_output = draft.options().norm_output;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "student/draft.h"
 #include "student/draft_model.h"
 #include "student/export.h"
@@ -25,7 +26,7 @@ DraftType PeagleDraftType();
 // `capture_layer_ids` of the target at `target_dir`.
 absl::StatusOr<ExportInput> DraftExportInput(const Eagle3Draft& draft,
                                              const std::string& target_dir,
-                                             const std::vector<int>& capture_layer_ids);
+                                             const CaptureLayerIds& capture_layer_ids);
 
 // The Eagle3Draft inside a TrainableDraft of type "eagle3"; null for any
 // other type (tests reach the EAGLE-3 specifics through it).

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/capture_layers.h"
 #include "common/dtype.h"
 #include "common/file.h"
 #include "common/logging.h"
@@ -268,8 +269,8 @@ absl::StatusOr<ExportConfig> ExportConfigFromTarget(const HfModelConfig& target)
   c.eos_token_ids = target.eos_token_ids;
   c.eos_token_id_is_list = target.eos_token_id_is_list;
   c.target_num_hidden_layers = target.num_hidden_layers;
-  auto ids = DefaultEagle3CaptureLayers(static_cast<int>(target.num_hidden_layers));
-  if (ids.ok()) c.aux_layer_ids.assign(ids->begin(), ids->end());
+  auto ids = DefaultEagle3CaptureLayers(target.num_hidden_layers);
+  if (ids.ok()) c.aux_layer_ids = *std::move(ids);
   return c;
 }
 
@@ -345,7 +346,7 @@ nlohmann::json ExportConfigJson(const ExportConfig& c) {
       {"use_last_layernorm", true},
   };
   std::vector<int64_t> vllm_ids;
-  for (int64_t id : c.aux_layer_ids) vllm_ids.push_back(id + 1);
+  for (CaptureLayerId id : c.aux_layer_ids) vllm_ids.push_back(int64_t{id} + 1);
   j["eagle_aux_hidden_state_layer_ids"] = vllm_ids;
   // EAGLE 3.1: written only when set, so an EAGLE-3 export stays as it was.
   if (c.fc_norm) j["fc_norm"] = true;
@@ -469,8 +470,11 @@ absl::StatusOr<ExportInput> ReadExport(const std::string& dir) {
     }
     if (j.contains("eagle_config") &&
         j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
-      c.aux_layer_ids =
-          j["eagle_config"]["eagle_aux_hidden_state_layer_ids"].get<std::vector<int64_t>>();
+      ASSIGN_OR_RETURN(
+          c.aux_layer_ids,
+          NarrowCaptureLayerIds(
+              j["eagle_config"]["eagle_aux_hidden_state_layer_ids"].get<std::vector<int64_t>>(),
+              absl::StrCat(config_path, ": eagle_config.eagle_aux_hidden_state_layer_ids")));
       if (j.contains("eagle_aux_hidden_state_layer_ids")) {
         auto vllm = j["eagle_aux_hidden_state_layer_ids"].get<std::vector<int64_t>>();
         bool agree = vllm.size() == c.aux_layer_ids.size();
@@ -483,9 +487,13 @@ absl::StatusOr<ExportInput> ReadExport(const std::string& dir) {
         }
       }
     } else if (j.contains("eagle_aux_hidden_state_layer_ids")) {
+      std::vector<int64_t> ids;
       for (int64_t id : j["eagle_aux_hidden_state_layer_ids"].get<std::vector<int64_t>>()) {
-        c.aux_layer_ids.push_back(id - 1);  // vLLM's convention only.
+        ids.push_back(id - 1);  // vLLM's convention only.
       }
+      ASSIGN_OR_RETURN(c.aux_layer_ids,
+                       NarrowCaptureLayerIds(
+                           ids, absl::StrCat(config_path, ": eagle_aux_hidden_state_layer_ids")));
     }
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what()));

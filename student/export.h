@@ -54,6 +54,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/env.h"
 #include "common/hf_config.h"
 #include "nlohmann/json.hpp"
@@ -93,7 +94,7 @@ struct ExportConfig {
   bool eos_token_id_is_list = false;
   // Capture ids, SGLang convention (id k = output of decoder layer k); exactly
   // three, distinct, ascending.
-  std::vector<int64_t> aux_layer_ids;
+  CaptureLayerIds aux_layer_ids;
   // When > 0, ids must be < target_num_hidden_layers - 1 (the output of the
   // last layer has no next layer to be captured at). Not written.
   int64_t target_num_hidden_layers = 0;

@@ -623,13 +623,12 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
   absl::StatusOr<ModelContract> Served(const std::string& address,
                                        const v1::DescribeResponse& response) const {
     ModelContract model = ContractOf(response);
-    const std::vector<int32_t>& wanted = options_.capture_layer_ids;
+    const CaptureLayerIds& wanted = options_.capture_layer_ids;
     if (wanted.empty()) return model;
     RETURN_IF_ERROR(Annotate(
         ValidateCaptureLayerIds(wanted, model.num_layers, "capture_layer_ids"),
         absl::StrCat("teacher ", address, " serves a ", model.num_layers, "-layer target")));
-    const std::vector<int> asked(wanted.begin(), wanted.end());
-    if (!response.per_stream_capture_layers() && model.capture_layer_ids != asked) {
+    if (!response.per_stream_capture_layers() && model.capture_layer_ids != wanted) {
       return absl::FailedPreconditionError(absl::StrCat(
           "capture_layer_ids: ", CaptureLayerIdsString(wanted), " asked for, but teacher ", address,
           " serves only its own capture layers [", absl::StrJoin(model.capture_layer_ids, ", "),
@@ -637,7 +636,7 @@ class OnlineSource::Impl final : public TeacherStreamEvents {
           "--capture-layers ",
           absl::StrJoin(wanted, ","), " --capture-for any"));
     }
-    model.capture_layer_ids = asked;
+    model.capture_layer_ids = wanted;
     return model;
   }
 

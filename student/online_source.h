@@ -54,6 +54,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/capture_layers.h"
 #include "common/env.h"
 #include "common/jobspec/job_spec.h"
 #include "common/transport/payload_channel.h"
@@ -102,7 +103,7 @@ struct OnlineSourceOptions {
   // agree. Refused at Open: an invalid set (InvalidArgument), or a teacher
   // that cannot serve a set of its own choosing (FailedPrecondition), both
   // naming capture_layer_ids.
-  std::vector<int32_t> capture_layer_ids;
+  CaptureLayerIds capture_layer_ids;
   std::string ledger;  // ledger file (JSONL, appended); empty: none
   // How long a lost teacher is reconnected to (data.teacher_grace_s);
   // zero: a lost teacher is given up at once (with no other live teacher,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/torch/speculative.h"
 
 namespace specstream::student {
@@ -17,7 +18,7 @@ namespace specstream::student {
 struct LoadedProposer {
   std::unique_ptr<spec::Draft> draft;
   std::string type;                    // "eagle3", "peagle", "dflash" or "dspark"
-  std::vector<int> capture_layer_ids;  // the target layers the draft reads, in order
+  CaptureLayerIds capture_layer_ids;   // the target layers the draft reads, in order
   std::string target_dir;
 };
 

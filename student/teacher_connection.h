@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/capture_layers.h"
 #include "common/transport/payload_channel.h"
 #include "specstream/v1/teacher.pb.h"
 
@@ -100,7 +101,7 @@ struct TeacherStreamOptions {
   // aux_hidden holds, in order (ascending, distinct, in [0, num_layers)).
   // Empty: the teacher's own (Describe.capture_layer_ids). The source sets
   // it from OnlineSourceOptions::capture_layer_ids.
-  std::vector<int32_t> capture_layer_ids;
+  CaptureLayerIds capture_layer_ids;
   // Where the trainer computes. NCCL payloads for a CUDA device are received
   // straight into its memory (no host copy) and arrive as tensors there;
   // every other payload arrives on the host.

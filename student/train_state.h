@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/torch/compat.h"
 #include "nlohmann/json.hpp"
 #include "student/draft_model.h"
@@ -36,7 +37,7 @@ struct TrainRun {
   int ttt_steps = 1;
   std::string target_dir;
   std::string store;
-  std::vector<int> capture_layer_ids;
+  CaptureLayerIds capture_layer_ids;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   LrSchedule schedule;

@@ -39,6 +39,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 #include "common/jobspec/job_spec.h"
 #include "common/torch/compat.h"
@@ -242,7 +243,7 @@ class Trainer final {
   int64_t tokens_since_record_ = 0;
   bool record_open_ = false;
   std::chrono::steady_clock::time_point record_start_;
-  std::vector<int> capture_;
+  CaptureLayerIds capture_;
 };
 
 // The samples a config names: the teachers' streams (online: needs

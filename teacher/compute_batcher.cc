@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/capture_layers.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/torch/device_checksum.h"
@@ -172,7 +173,7 @@ void ComputeBatcher::Loop() {
 void ComputeBatcher::RunBatch(std::deque<ComputeJob>& batch) {
   ForwardRequest request;
   request.want_target_ids = options_.keep_target_ids;
-  const std::vector<int>& described = runtime_.Describe().capture_layer_ids;
+  const CaptureLayerIds& described = runtime_.Describe().capture_layer_ids;
   auto layers_of = [&](const ComputeJob& job) -> const std::vector<int>& {
     return job.capture_layer_ids.empty() ? described : job.capture_layer_ids;
   };
@@ -183,7 +184,7 @@ void ComputeBatcher::RunBatch(std::deque<ComputeJob>& batch) {
     request.sequences.emplace_back(job.request.token_ids().begin(), job.request.token_ids().end());
     one_set = one_set && layers_of(job) == layers_of(batch.front());
   }
-  std::vector<int> captured = layers_of(batch.front());
+  CaptureLayerIds captured = layers_of(batch.front());
   if (!one_set) {
     captured.clear();
     for (const ComputeJob& job : batch) {
@@ -228,7 +229,7 @@ void ComputeBatcher::RunBatch(std::deque<ComputeJob>& batch) {
 }
 
 absl::StatusOr<SequenceCapture> ComputeBatcher::SelectLayers(const SequenceCapture& capture,
-                                                             const std::vector<int>& captured,
+                                                             const CaptureLayerIds& captured,
                                                              const std::vector<int>& want) const {
   const int64_t hidden = runtime_.Describe().hidden_size;
   const int64_t width = static_cast<int64_t>(captured.size()) * hidden;

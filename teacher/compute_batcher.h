@@ -30,6 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/capture_layers.h"
 #include "common/dtype.h"
 #include "common/transport/payload_sender.h"
 #include "specstream/v1/teacher.pb.h"
@@ -72,7 +73,7 @@ struct ComputeJob {
   bool packed_on_device = false;
   // The layers of this sample's aux_hidden, in order (each in [0, L), as
   // the stream's Open was checked); empty: the runtime's described set.
-  std::vector<int> capture_layer_ids;
+  CaptureLayerIds capture_layer_ids;
 };
 
 struct ComputeBatcherOptions {
@@ -127,7 +128,7 @@ class ComputeBatcher final {
   // they are the same, else a copy of its layers' columns. Internal when
   // aux_hidden is not [T, captured.size() * H].
   absl::StatusOr<SequenceCapture> SelectLayers(const SequenceCapture& capture,
-                                               const std::vector<int>& captured,
+                                               const CaptureLayerIds& captured,
                                                const std::vector<int>& want) const;
   absl::StatusOr<std::shared_ptr<const ReadySample>> BuildSample(
       const v1::StreamRequest::SampleRequest& request, const SequenceCapture& capture,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/capture_layers.h"
 #include "common/torch/speculative.h"
 #include "teacher/hf_runtime.h"
 
@@ -23,7 +24,7 @@ class DecodeTarget final : public spec::Target {
  public:
   // `capture_layer_ids`: the layers the draft's fc reads, in its order
   // (empty: the runtime's described ones). The runtime must outlive this.
-  DecodeTarget(HfRuntime& runtime, std::vector<int> capture_layer_ids)
+  DecodeTarget(HfRuntime& runtime, CaptureLayerIds capture_layer_ids)
       : runtime_(runtime), captures_(std::move(capture_layer_ids)) {}
 
   absl::StatusOr<Rows> Extend(const std::vector<int32_t>& ids, int64_t logit_rows) override;
@@ -32,7 +33,7 @@ class DecodeTarget final : public spec::Target {
 
  private:
   HfRuntime& runtime_;
-  std::vector<int> captures_;
+  CaptureLayerIds captures_;
   KvCache cache_;
 };
 

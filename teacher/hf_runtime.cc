@@ -39,7 +39,7 @@ absl::Status HfRuntime::Load() {
 
 absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::Compute(
     const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-    const std::vector<int>& capture_ids) {
+    const CaptureLayerIds& capture_ids) {
   const int64_t batch = static_cast<int64_t>(lengths.size());
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   torch::Tensor padded = torch::zeros({batch, longest}, torch::kInt64);
@@ -111,7 +111,7 @@ torch::Tensor HfRuntime::Layer(int64_t i, const torch::Tensor& h_in, const torch
 
 absl::StatusOr<std::vector<SequenceCapture>> HfRuntime::ComputePadded(
     const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-    const std::vector<int>& capture_ids, std::vector<torch::Tensor>* all_hidden) {
+    const CaptureLayerIds& capture_ids, std::vector<torch::Tensor>* all_hidden) {
   std::vector<SequenceCapture> out;
   absl::Status status = CatchTorch("hf forward", [&] {
     torch::NoGradGuard no_grad;
@@ -224,7 +224,7 @@ torch::Tensor HfRuntime::AttendCached(KvCache& cache, int64_t layer, const torch
 }
 
 absl::StatusOr<SequenceCapture> HfRuntime::Extend(KvCache& cache, const std::vector<int32_t>& ids,
-                                                  const std::vector<int>& capture_ids) {
+                                                  const CaptureLayerIds& capture_ids) {
   if (options_.tp_size != 1) {
     return absl::FailedPreconditionError("incremental decoding runs on one rank (tp_size 1)");
   }
@@ -239,7 +239,7 @@ absl::StatusOr<SequenceCapture> HfRuntime::Extend(KvCache& cache, const std::vec
                                                    " positions exceed max_position_embeddings ",
                                                    c.max_position_embeddings));
   }
-  const std::vector<int>& captures =
+  const CaptureLayerIds& captures =
       capture_ids.empty() ? description_.capture_layer_ids : capture_ids;
   SequenceCapture out;
   absl::Status status = CatchTorch("hf incremental forward", [&] {

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 #include "common/torch/blocks.h"
 #include "teacher/tp_runtime.h"
@@ -60,7 +61,7 @@ class HfRuntime final : public TensorParallelRuntime {
   // Whether Extend works here: one rank (tp_size 1).
   bool can_decode() const { return options_.tp_size == 1; }
   absl::StatusOr<SequenceCapture> Extend(KvCache& cache, const std::vector<int32_t>& ids,
-                                         const std::vector<int>& capture_ids = {});
+                                         const CaptureLayerIds& capture_ids = {});
 
   // One decoding step of several sequences at once (tp_size 1): ids[b] at
   // position caches[b]->length of sequence b, which gets its key and value
@@ -78,14 +79,15 @@ class HfRuntime final : public TensorParallelRuntime {
   HfRuntime() = default;
   absl::Status Load();
   // Right-pads the packed sequences (id 0) and runs ComputePadded.
-  absl::StatusOr<std::vector<SequenceCapture>> Compute(
-      const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-      const std::vector<int>& capture_ids) override;
+  absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
+                                                       const std::vector<int64_t>& lengths,
+                                                       bool want_target_ids,
+                                                       const CaptureLayerIds& capture_ids) override;
   // ids [B, T] int64 right-padded, on device_; causal attention keeps the
   // padding out of every real position.
   absl::StatusOr<std::vector<SequenceCapture>> ComputePadded(
       const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-      const std::vector<int>& capture_ids, std::vector<torch::Tensor>* all_hidden);
+      const CaptureLayerIds& capture_ids, std::vector<torch::Tensor>* all_hidden);
   // Grows the cache's buffers to hold `total` positions (keeping its rows).
   void GrowCache(KvCache& cache, int64_t total) const;
   // Attention of layer `layer` for n new rows of one sequence at positions

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/capture_layers.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -128,11 +129,11 @@ absl::StatusOr<torch::Dtype> ResolveComputeDtype(const std::string& requested,
       absl::StrCat("--dtype \"", requested, "\" (expected auto, float32 or bfloat16)"));
 }
 
-absl::StatusOr<std::vector<int>> ResolveCaptureLayers(const std::vector<int>& requested,
-                                                      const HfModelConfig& c) {
-  std::vector<int> capture = requested;
+absl::StatusOr<CaptureLayerIds> ResolveCaptureLayers(const CaptureLayerIds& requested,
+                                                     const HfModelConfig& c) {
+  CaptureLayerIds capture = requested;
   if (capture.empty()) {
-    ASSIGN_OR_RETURN(capture, DefaultEagle3CaptureLayers(static_cast<int>(c.num_hidden_layers)));
+    ASSIGN_OR_RETURN(capture, DefaultEagle3CaptureLayers(c.num_hidden_layers));
   }
   for (int id : capture) {
     if (id < 0 || id >= c.num_hidden_layers) {

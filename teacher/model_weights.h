@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 #include "teacher/target_runtime.h"
 
@@ -78,8 +79,8 @@ absl::StatusOr<torch::Dtype> ResolveComputeDtype(const std::string& requested,
                                                  const HfModelConfig& config);
 
 // The requested ids, or {1, L/2-1, L-4} when empty; each must name a layer.
-absl::StatusOr<std::vector<int>> ResolveCaptureLayers(const std::vector<int>& requested,
-                                                      const HfModelConfig& config);
+absl::StatusOr<CaptureLayerIds> ResolveCaptureLayers(const CaptureLayerIds& requested,
+                                                     const HfModelConfig& config);
 
 // InvalidArgument naming --ep unless 1 <= ep_size and ep_size divides
 // tp_size (the part of CheckParallelLayout that needs no config.json).

@@ -139,7 +139,7 @@ torch::Tensor SglangRuntime::SparseMlp(const Layer& l, const torch::Tensor& x) {
 
 absl::StatusOr<std::vector<SequenceCapture>> SglangRuntime::Compute(
     const torch::Tensor& host_ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-    const std::vector<int>& capture_ids) {
+    const CaptureLayerIds& capture_ids) {
   std::vector<SequenceCapture> out;
   absl::Status status = CatchTorch("sglang forward", [&] {
     torch::NoGradGuard no_grad;

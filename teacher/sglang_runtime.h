@@ -31,6 +31,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 #include "common/torch/blocks.h"
 #include "teacher/tp_runtime.h"
@@ -51,9 +52,10 @@ class SglangRuntime final : public TensorParallelRuntime {
   struct Layer;
   SglangRuntime() = default;
   absl::Status Load();
-  absl::StatusOr<std::vector<SequenceCapture>> Compute(
-      const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-      const std::vector<int>& capture_ids) override;
+  absl::StatusOr<std::vector<SequenceCapture>> Compute(const torch::Tensor& ids,
+                                                       const std::vector<int64_t>& lengths,
+                                                       bool want_target_ids,
+                                                       const CaptureLayerIds& capture_ids) override;
   // A sparse layer's MLP over the packed tokens x [N, H]: this rank's partial
   // sum under TP (the caller all-reduces it). Throws on a failed collective.
   torch::Tensor SparseMlp(const Layer& layer, const torch::Tensor& x);

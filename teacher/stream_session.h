@@ -45,6 +45,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/capture_layers.h"
 #include "common/transport/payload_sender.h"
 #include "specstream/v1/teacher.pb.h"
 #include "teacher/compute_batcher.h"
@@ -190,7 +191,7 @@ class StreamSession final : public SampleSink,
   // set before the thread starts and never changes).
   std::unique_ptr<PayloadSender> sender_;
   // Open.capture_layer_ids, given to every job (empty: the teacher's set).
-  std::vector<int> capture_layer_ids_ ABSL_GUARDED_BY(mu_);
+  CaptureLayerIds capture_layer_ids_ ABSL_GUARDED_BY(mu_);
   // Flow control: in_flight_ counts samples holding a credit (submitted,
   // ready, being sent, or sent and not yet acked); materialized_ those whose
   // payload exists (submitted, ready, being sent).

@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 
 namespace specstream::teacher {
 
@@ -30,7 +31,7 @@ struct ModelDescription {
   int64_t vocab_size = 0;
   int64_t num_layers = 0;
   int64_t max_position_embeddings = 0;
-  std::vector<int> capture_layer_ids;    // SGLang convention: id k = output of layer k
+  CaptureLayerIds capture_layer_ids;     // SGLang convention: id k = output of layer k
   torch::Dtype dtype = torch::kFloat32;  // compute dtype
   int tp_size = 1;
 };
@@ -41,7 +42,7 @@ struct ForwardRequest {
   // The layers this forward captures for every sequence, in this order,
   // each in [0, num_layers) (the compute batcher asks for the union of its
   // streams' sets). Empty: ModelDescription::capture_layer_ids.
-  std::vector<int> capture_layer_ids;
+  CaptureLayerIds capture_layer_ids;
 };
 
 struct SequenceCapture {

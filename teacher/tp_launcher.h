@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/torch/process_group.h"
 #include "teacher/tp_runtime.h"
 
@@ -41,7 +42,7 @@ struct RuntimeSpec {
   std::string runtime = "hf";  // hf | sglang
   std::string model_dir;
   std::string dtype = "auto";
-  std::vector<int> capture_layer_ids;
+  CaptureLayerIds capture_layer_ids;
   std::vector<std::string> devices = {"cpu"};  // "cpu" or "cuda:N"; one TP rank each
   int ep_size = 1;                             // expert parallelism within the TP group
   std::string log_level;                       // workers' --log-level; empty: their default
@@ -80,7 +81,7 @@ struct WorkerOptions {
   std::string runtime = "hf";
   std::string model_dir;
   std::string dtype = "auto";
-  std::vector<int> capture_layer_ids;
+  CaptureLayerIds capture_layer_ids;
   int rank = 1;
   int world_size = 2;
   int ep_size = 1;

@@ -39,7 +39,7 @@ absl::StatusOr<std::vector<SequenceCapture>> TensorParallelRuntime::Forward(
       return sent;
     }
   }
-  const std::vector<int>& capture =
+  const CaptureLayerIds& capture =
       request.capture_layer_ids.empty() ? Describe().capture_layer_ids : request.capture_layer_ids;
   auto result = Compute(ids, lengths, request.want_target_ids, capture);
   if (!result.ok() && options_.tp_size > 1) group_broken_ = true;

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 #include "common/torch/compat.h"
 #include "teacher/target_runtime.h"
@@ -26,7 +27,7 @@ struct TargetRuntimeOptions {
   // "auto" (config's torch_dtype; float16 computes in float32 on CPU),
   // "float32" or "bfloat16".
   std::string dtype = "auto";
-  std::vector<int> capture_layer_ids;  // empty: {1, L/2-1, L-4}
+  CaptureLayerIds capture_layer_ids;  // empty: {1, L/2-1, L-4}
   int tp_rank = 0;
   int tp_size = 1;
   // Expert parallelism within the TP group (MoE models, sglang runtime):
@@ -84,7 +85,7 @@ class TensorParallelRuntime : public TargetRuntime {
   // ids are computed on rank 0 only. Captures are on device_.
   virtual absl::StatusOr<std::vector<SequenceCapture>> Compute(
       const torch::Tensor& ids, const std::vector<int64_t>& lengths, bool want_target_ids,
-      const std::vector<int>& capture_ids) = 0;
+      const CaptureLayerIds& capture_ids) = 0;
 
   // The group for collectives on device_ tensors (see TargetRuntimeOptions).
   CommGroup& ActivationGroup() const {

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
+#include "common/capture_layers.h"
 #include "common/exit_code.h"
 #include "common/file.h"
 #include "common/grpc/auth.h"
@@ -137,8 +138,8 @@ struct RuntimeFlags {
     }
     if (capture_for != "eagle3" || spec.capture_layer_ids.empty()) return absl::OkStatus();
     ASSIGN_OR_RETURN(const HfModelConfig config, LoadHfConfig(model));
-    const std::vector<int64_t> ids(spec.capture_layer_ids.begin(), spec.capture_layer_ids.end());
-    if (absl::Status valid = ValidateEagle3CaptureLayers(ids, config.num_hidden_layers);
+    if (absl::Status valid =
+            ValidateEagle3CaptureLayers(spec.capture_layer_ids, config.num_hidden_layers);
         !valid.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--capture-layers: ", valid.message(), " (", config.num_hidden_layers,

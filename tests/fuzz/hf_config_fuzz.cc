@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/capture_layers.h"
 #include "common/hf_config.h"
 
 namespace {
@@ -95,13 +95,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   if (config->num_hidden_layers >= 8 &&
-      config->num_hidden_layers <= std::numeric_limits<int>::max()) {
-    absl::StatusOr<std::vector<int>> layers =
-        specstream::DefaultEagle3CaptureLayers(static_cast<int>(config->num_hidden_layers));
+      config->num_hidden_layers <= specstream::kMaxCaptureTargetLayers) {
+    absl::StatusOr<specstream::CaptureLayerIds> layers =
+        specstream::DefaultEagle3CaptureLayers(config->num_hidden_layers);
     if (!layers.ok()) Fail("no default capture layers", layers.status().ToString());
-    const std::vector<int64_t> ids(layers->begin(), layers->end());
     if (absl::Status servable =
-            specstream::ValidateEagle3CaptureLayers(ids, config->num_hidden_layers);
+            specstream::ValidateEagle3CaptureLayers(*layers, config->num_hidden_layers);
         !servable.ok()) {
       Fail("the default capture layers are not servable", servable.ToString());
     }

@@ -1,6 +1,5 @@
 #include "common/block_draft.h"
 
-#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,63 +13,7 @@
 namespace specstream {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-
-TEST(DefaultBlockTargetLayerIdsTest, OneDraftLayerReadsTheMiddleLayer) {
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(1, 36), ElementsAre(18));
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(1, 7), ElementsAre(3));
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(1, 1), ElementsAre(0));
-}
-
-TEST(DefaultBlockTargetLayerIdsTest, EvenlySpacedFromOneToLMinusThree) {
-  // The public DSpark recipes for Qwen3-4B/8B (36 layers, 5 draft layers).
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(5, 36), ElementsAre(1, 9, 17, 25, 33));
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(5, 48), ElementsAre(1, 12, 23, 34, 45));
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(4, 32), ElementsAre(1, 10, 20, 29));  // 10.33, 19.67
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(6, 28), ElementsAre(1, 6, 11, 15, 20, 25));
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(2, 5), ElementsAre(1, 2));  // the smallest target for 2
-}
-
-TEST(DefaultBlockTargetLayerIdsTest, ExactHalvesRoundToEvenAsPythonDoes) {
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(3, 13), ElementsAre(1, 6, 10));  // 5.5 -> 6
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(3, 15), ElementsAre(1, 6, 12));  // 6.5 -> 6
-  EXPECT_THAT(*DefaultBlockTargetLayerIds(3, 17), ElementsAre(1, 8, 14));  // 7.5 -> 8
-}
-
-// Every (n, L) against the reference computed in doubles the way the Python
-// does it (nearbyint rounds halves to even in the default rounding mode).
-TEST(DefaultBlockTargetLayerIdsTest, MatchesTheFloatReferenceAndIsDistinct) {
-  for (int64_t layers = 5; layers <= 96; ++layers) {
-    for (int64_t n = 2; n <= layers - 3; ++n) {
-      auto ids = DefaultBlockTargetLayerIds(n, layers);
-      ASSERT_TRUE(ids.ok()) << n << " of " << layers << ": " << ids.status();
-      std::vector<int64_t> reference;
-      for (int64_t i = 0; i < n; ++i) {
-        reference.push_back(static_cast<int64_t>(std::nearbyint(
-            1.0 + static_cast<double>(i * (layers - 4)) / static_cast<double>(n - 1))));
-      }
-      ASSERT_THAT(*ids, ElementsAreArray(reference)) << n << " of " << layers;
-      EXPECT_EQ(ids->front(), 1);
-      EXPECT_EQ(ids->back(), layers - 3);
-      for (size_t i = 1; i < ids->size(); ++i) {
-        ASSERT_GT((*ids)[i], (*ids)[i - 1]) << n << " of " << layers;
-      }
-    }
-  }
-}
-
-TEST(DefaultBlockTargetLayerIdsTest, RefusesWhenNoDistinctDefaultExists) {
-  for (const auto& [n, layers] : std::vector<std::pair<int64_t, int64_t>>{
-           {0, 36}, {-1, 36}, {1, 0}, {2, 4}, {3, 5}, {34, 36}, {1, kMaxBlockTargetLayers + 1}}) {
-    auto ids = DefaultBlockTargetLayerIds(n, layers);
-    ASSERT_FALSE(ids.ok()) << n << " of " << layers;
-    EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(ids.status().message()), HasSubstr("model.draft.target_layer_ids:"));
-  }
-  EXPECT_TRUE(DefaultBlockTargetLayerIds(33, 36).ok());  // n == L - 3: every layer in [1, 33]
-}
 
 // A target directory holding the tiny tokenizer: bytes 0..255, then
 // <|endoftext|> (256), <mask> (257), and `extra` special tokens after.

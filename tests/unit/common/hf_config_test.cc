@@ -714,19 +714,5 @@ TEST(HfConfigTest, LoadsFromFileOrDirectory) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST(HfConfigTest, DefaultEagle3CaptureLayers) {
-  EXPECT_THAT(*DefaultEagle3CaptureLayers(32), ElementsAre(1, 15, 28));
-  EXPECT_THAT(*DefaultEagle3CaptureLayers(36), ElementsAre(1, 17, 32));
-  EXPECT_THAT(*DefaultEagle3CaptureLayers(28), ElementsAre(1, 13, 24));
-  EXPECT_THAT(*DefaultEagle3CaptureLayers(8), ElementsAre(1, 3, 4));
-  EXPECT_THAT(*DefaultEagle3CaptureLayers(9), ElementsAre(1, 3, 5));
-  for (int layers : {0, 1, 4, 6, 7}) {
-    auto ids = DefaultEagle3CaptureLayers(layers);
-    ASSERT_FALSE(ids.ok()) << layers;
-    EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(ids.status().message(), AllOf(HasSubstr("8"), HasSubstr("capture layer ids")));
-  }
-}
-
 }  // namespace
 }  // namespace specstream

@@ -233,7 +233,7 @@ TEST_P(BlockTrainerKindTest, ExportsAndEvaluatesCheckpointsAndExports) {
   auto exported = ReadBlockExport(dir.Join("export"));
   ASSERT_TRUE(exported.ok()) << exported.status();
   EXPECT_EQ(exported->options.kind, GetParam());
-  EXPECT_EQ(exported->options.target_layer_ids, (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(exported->options.target_layer_ids, (CaptureLayerIds{1, 4}));
 
   // Evaluating the checkpoint equals evaluating the trained draft in memory.
   auto own = Evaluate((*trainer)->draft(), (*trainer)->source());

@@ -130,7 +130,7 @@ TEST(ExportTest, WritesExactlyTheEagle3TensorsWithShapesAndDtypes) {
     torch::Tensor expected = t.is_floating_point() ? t.to(torch::kBFloat16) : t;
     EXPECT_TRUE(torch::equal(back->tensors.at(name), expected)) << name;
   }
-  EXPECT_EQ(back->config.aux_layer_ids, (std::vector<int64_t>{1, 5, 8}));
+  EXPECT_EQ(back->config.aux_layer_ids, (CaptureLayerIds{1, 5, 8}));
   EXPECT_EQ(back->config.draft_vocab_size, 6);
   EXPECT_TRUE(ValidateExport(*back).ok());
 }
@@ -391,7 +391,7 @@ TEST(ExportTest, ReadExportAcceptsVllmOnlyIdsAndRefusesDisagreement) {
   ASSERT_TRUE(WriteFileAtomically(out + "/config.json", c.dump()).ok());
   auto back = ReadExport(out);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->config.aux_layer_ids, (std::vector<int64_t>{1, 5, 8}));
+  EXPECT_EQ(back->config.aux_layer_ids, (CaptureLayerIds{1, 5, 8}));
 
   c["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", {2, 6, 9}}};  // same numbers: wrong
   ASSERT_TRUE(WriteFileAtomically(out + "/config.json", c.dump()).ok());

@@ -456,7 +456,7 @@ TEST_F(TrainerTest, ExportAtTheEndHasTheServingLayout) {
   EXPECT_EQ(exported->tensors["fc.weight"].sizes(), (std::vector<int64_t>{32, 96}));
   EXPECT_EQ(exported->tensors["lm_head.weight"].sizes(), (std::vector<int64_t>{128, 32}));
   EXPECT_EQ(exported->config.draft_vocab_size, 128);
-  EXPECT_EQ(exported->config.aux_layer_ids, (std::vector<int64_t>{1, 3, 4}));
+  EXPECT_EQ(exported->config.aux_layer_ids, (CaptureLayerIds{1, 3, 4}));
 
   // P13 item 21: `eval` takes the export (what users ship). It used to
   // answer "no checkpoint in ...". An export does not name its target.
