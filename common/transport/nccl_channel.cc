@@ -29,7 +29,9 @@ constexpr absl::Duration kPollInterval = absl::Microseconds(50);
 // clock set back must not stretch a timeout.
 using Deadline = std::chrono::steady_clock::time_point;
 Deadline DeadlineIn(absl::Duration d) {
-  if (d >= absl::Hours(24 * 365)) return Deadline::max();
+  // InfiniteDuration (and any timeout of a century or more) never passes;
+  // steady_clock's nanoseconds would overflow past ~292 years.
+  if (d >= absl::Hours(24 * 365 * 100)) return Deadline::max();
   return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(d);
 }
 bool Passed(Deadline deadline) { return std::chrono::steady_clock::now() >= deadline; }
