@@ -1,6 +1,8 @@
 #include "tests/testing/testing.h"
 
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,6 +69,19 @@ bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout,
     if (absl::Now() >= deadline) return false;
     absl::SleepFor(std::min(poll, deadline - absl::Now()));
   }
+}
+
+std::string DeadLoopbackAddress() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  const bool bound = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (fd >= 0) close(fd);
+  if (!bound) ADD_FAILURE() << "cannot bind a loopback port";
+  return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
 }
 
 int WaitForPortFile(const std::string& path, absl::Duration timeout) {

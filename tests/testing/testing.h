@@ -47,6 +47,10 @@ bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout,
 // 0 when none appears within `timeout`.
 int WaitForPortFile(const std::string& path, absl::Duration timeout = absl::Seconds(60));
 
+// "127.0.0.1:<port>" where nothing listens: a port bound, then closed (a
+// client's connect is refused at once).
+std::string DeadLoopbackAddress();
+
 // The repository root and the build directory.
 std::string SourceDir();
 std::string BinaryDir();

@@ -4,9 +4,7 @@
 #include "services/cli/job_commands.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -486,16 +484,7 @@ TEST_F(JobCommandsTest, AddressComesFromTheEnvironment) {
 }
 
 TEST_F(JobCommandsTest, UnreachableCoordinatorExitsThree) {
-  // A port nobody listens on: bind one, then close it.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(fd);
-  const std::string dead = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  const std::string dead = testing::DeadLoopbackAddress();
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"status", "x"}, {"list"}, {"wait", "x"}, {"submit", dir_.Join("job.yaml")}}) {
     std::vector<std::string> full = args;

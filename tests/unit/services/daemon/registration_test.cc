@@ -2,15 +2,10 @@
 // (tests/testing/fake_env.h): their backoff and waits take no real time.
 #include "services/daemon/registration.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <optional>
 #include <string>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/backoff.h"
 #include "common/grpc/auth.h"
@@ -23,25 +18,10 @@ namespace {
 
 using testing::FakeEnv;
 
-// A loopback port nothing listens on (bound, then closed).
-int ClosedPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ADD_FAILURE() << "cannot bind a loopback port";
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 TEST(RegistrationTest, RetriesAnAbsentCoordinatorOnTheControlPlaneBackoff) {
   FakeEnv clock;
   RegistrationOptions options;
-  options.coordinator = absl::StrCat("127.0.0.1:", ClosedPort());
+  options.coordinator = testing::DeadLoopbackAddress();
   options.info.set_kind(v1::DAEMON_KIND_STUDENT);
   options.info.set_name("d0");
   options.clock = &clock;
